@@ -1,0 +1,25 @@
+//! toonflow: a GStreamer element that turns NV12 video into a cartoon, on an NVIDIA GPU through
+//! CUDA or on the CPU reference backend.
+#![allow(clippy::non_send_fields_in_send_ty, unused_doc_comments)]
+
+use gst::glib;
+
+pub mod cuda;
+pub mod pipeline;
+mod toonflow;
+
+fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    toonflow::register(plugin)
+}
+
+gst::plugin_define!(
+    toonflow,
+    env!("CARGO_PKG_DESCRIPTION"),
+    plugin_init,
+    concat!(env!("CARGO_PKG_VERSION"), "-", env!("COMMIT_ID")),
+    "MIT/X11",
+    env!("CARGO_PKG_NAME"),
+    env!("CARGO_PKG_NAME"),
+    env!("CARGO_PKG_REPOSITORY"),
+    env!("BUILD_REL_DATE")
+);

@@ -1,0 +1,517 @@
+//! The CPU reference: every stage of the stylize pipeline in plain f32 Rust.
+//!
+//! This is the oracle the CUDA kernels are tested against, so each stage is written as the
+//! formula reads (DESIGN.md, with the quantizer tuned as noted on [`quantize`]) and evaluates its
+//! terms in the order the kernels do. Rows are split over threads; nothing allocates per frame.
+
+use super::analysis::{FrameStatistics, SceneCutDetector, apply_levels};
+use super::frame::{FrameGeometry, Nv12Frame, Nv12FrameMut};
+use super::params::ToonParams;
+use super::ring::TemporalRing;
+
+/// Luma 0–255 code to the L scale (0–100).
+#[inline]
+pub fn luma_to_l(y: u8) -> f32 {
+    100.0 * y as f32 / 255.0
+}
+
+/// Chroma 0–255 code to the signed chroma scale.
+#[inline]
+pub fn chroma_to_c(c: u8) -> f32 {
+    (c as f32 - 128.0) / 255.0
+}
+
+/// Soft quantization (Winnemöller et al. 2006): `q` is the bin boundary nearest to `l`, and
+/// `q + (Δq/2)·tanh(φ_q·(l − q))` sends flat areas to the `levels` bin centres with a smooth
+/// step between them. (DESIGN.md's variant puts `q` at the bin centre, which makes `levels + 1`
+/// plateaus at the boundaries; the paper's form gives exactly `levels`.)
+#[inline]
+pub fn quantize(l: f32, levels: i32, sharpness: f32) -> f32 {
+    let dq = 100.0 / levels as f32;
+    let q = dq * (l / dq + 0.5).floor();
+    q + (dq * 0.5) * (sharpness * (l - q)).tanh()
+}
+
+/// DoG response to the blended edge factor E' in [0, 1] (1 = no line).
+#[inline]
+pub fn edge_factor(g1: f32, g2: f32, p: &ToonParams) -> f32 {
+    let h = g1 - p.edge_tau * g2;
+    let e = if h > 0.0 {
+        1.0
+    } else {
+        (1.0 + (p.edge_sharpness * h).tanh()).clamp(0.0, 1.0)
+    };
+    1.0 - p.edge_strength * (1.0 - e)
+}
+
+/// Final 8-bit luma from quantized L and the edge factor.
+#[inline]
+pub fn pack_luma(lq: f32, e: f32) -> u8 {
+    (255.0 * lq * e / 100.0).round().clamp(0.0, 255.0) as u8
+}
+
+/// Final 8-bit chroma from filtered chroma, saturation and the block's edge factor.
+#[inline]
+pub fn pack_chroma(c: f32, saturation: f32, e_half: f32) -> u8 {
+    (128.0 + 255.0 * saturation * c * e_half)
+        .round()
+        .clamp(0.0, 255.0) as u8
+}
+
+#[inline]
+fn clamp_index(i: isize, n: usize) -> usize {
+    i.clamp(0, n as isize - 1) as usize
+}
+
+/// The features of one frame: smoothed luma and interleaved (u, v) chroma.
+#[derive(Debug, Clone)]
+pub struct Feature {
+    pub l: Vec<f32>,
+    pub uv: Vec<f32>,
+}
+
+/// What a processed frame reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FrameReport {
+    pub scene_cut: bool,
+    pub scene_score: f32,
+    /// Entries of the ring that took part in this frame's temporal filter.
+    pub history_used: usize,
+}
+
+/// Runs `f(first_row, rows, chunk)` over bands of rows of `data` (rows of `stride` elements) on
+/// up to `threads` threads.
+fn for_row_bands<T: Send>(
+    data: &mut [T],
+    stride: usize,
+    rows: usize,
+    threads: usize,
+    f: impl Fn(usize, usize, &mut [T]) + Sync,
+) {
+    let per = rows.div_ceil(threads.max(1)).max(1);
+    if threads <= 1 || rows < 32 {
+        f(0, rows, data);
+        return;
+    }
+    std::thread::scope(|s| {
+        for (i, chunk) in data.chunks_mut(per * stride).enumerate() {
+            let first = i * per;
+            if first >= rows {
+                break;
+            }
+            let n = per.min(rows - first);
+            let f = &f;
+            s.spawn(move || f(first, n, chunk));
+        }
+    });
+}
+
+/// The CPU backend's per-stream state: working planes, the temporal ring, the scene detector.
+#[derive(Debug)]
+pub struct CpuPipeline {
+    geometry: FrameGeometry,
+    threads: usize,
+    l: Vec<f32>,
+    uv: Vec<f32>,
+    tmp_l: Vec<f32>,
+    tmp_uv: Vec<f32>,
+    dog1: Vec<f32>,
+    dog2: Vec<f32>,
+    edge: Vec<f32>,
+    ring: TemporalRing<Feature>,
+    statistics: FrameStatistics,
+    detector: SceneCutDetector,
+}
+
+impl CpuPipeline {
+    /// Allocates every plane for `geometry` and a ring of `history` features.
+    pub fn new(geometry: FrameGeometry, history: usize) -> Self {
+        let n = geometry.luma_pixels();
+        let nc = geometry.chroma_pixels() * 2;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(16);
+        let p = ToonParams::new(
+            &Default::default(),
+            geometry.width as u32,
+            geometry.height as u32,
+        );
+        CpuPipeline {
+            geometry,
+            threads,
+            l: vec![0.0; n],
+            uv: vec![0.0; nc],
+            tmp_l: vec![0.0; n],
+            tmp_uv: vec![0.0; nc],
+            dog1: vec![0.0; n],
+            dog2: vec![0.0; n],
+            edge: vec![0.0; n],
+            ring: TemporalRing::new(history, || Feature {
+                l: vec![0.0; n],
+                uv: vec![0.0; nc],
+            }),
+            statistics: FrameStatistics::new(p.thumb_w as usize, p.thumb_h as usize),
+            detector: SceneCutDetector::default(),
+        }
+    }
+
+    pub fn geometry(&self) -> FrameGeometry {
+        self.geometry
+    }
+
+    pub fn history_capacity(&self) -> usize {
+        self.ring.cursor().capacity()
+    }
+
+    /// Limits the worker threads (1 = run on the calling thread).
+    pub fn set_threads(&mut self, threads: usize) {
+        self.threads = threads.max(1);
+    }
+
+    /// Empties the temporal ring and forgets the previous thumbnail (flush, discont, caps).
+    pub fn reset(&mut self) {
+        self.ring.clear();
+        self.detector.reset();
+    }
+
+    /// Stylizes `input` into `output`. Both must have this pipeline's geometry.
+    pub fn process(
+        &mut self,
+        p: &ToonParams,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+    ) -> FrameReport {
+        assert_eq!(
+            input.geometry, self.geometry,
+            "input geometry differs from the pipeline's"
+        );
+        assert_eq!(
+            output.geometry, self.geometry,
+            "output geometry differs from the pipeline's"
+        );
+        let (w, h) = (self.geometry.width, self.geometry.height);
+        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
+        let threads = self.threads;
+
+        // 1. Unpack and analysis.
+        for_row_bands(&mut self.l, w, h, threads, |first, rows, out| {
+            for r in 0..rows {
+                let src = &input.y[(first + r) * input.y_stride..][..w];
+                for (o, &v) in out[r * w..][..w].iter_mut().zip(src) {
+                    *o = luma_to_l(v);
+                }
+            }
+        });
+        for_row_bands(&mut self.uv, 2 * cw, ch, threads, |first, rows, out| {
+            for r in 0..rows {
+                let src = &input.uv[(first + r) * input.uv_stride..][..2 * cw];
+                for (o, &v) in out[r * 2 * cw..][..2 * cw].iter_mut().zip(src) {
+                    *o = chroma_to_c(v);
+                }
+            }
+        });
+        self.statistics.gather(input.y, input.y_stride, w, h);
+        let scene_score = self.detector.score(self.statistics.thumbnail(w, h));
+        let scene_cut = scene_score > p.scene_cut_threshold;
+
+        // 2. Edge-preserving smoothing; the edges come from iteration `edge_iteration`.
+        if p.edge_iteration == 0 {
+            self.edges(p);
+        }
+        for iteration in 1..=p.bilateral_iterations.max(0) {
+            self.bilateral_iteration(p);
+            if iteration == p.edge_iteration {
+                self.edges(p);
+            }
+        }
+
+        // 3. Temporal filter against the ring, then the current features join it.
+        if scene_cut {
+            self.ring.clear();
+        }
+        let history_used = self.ring.len().min(p.history.max(0) as usize);
+        self.temporal(p, history_used);
+        let (l, uv) = (&self.l, &self.uv);
+        self.ring.push_with(|slot| {
+            slot.l.copy_from_slice(l);
+            slot.uv.copy_from_slice(uv);
+        });
+
+        // 4–6. Auto-levels, quantize, compose, pack.
+        let levels = if p.auto_levels != 0 {
+            self.statistics.levels()
+        } else {
+            None
+        };
+        self.compose(p, levels, output);
+        FrameReport {
+            scene_cut,
+            scene_score,
+            history_used,
+        }
+    }
+
+    /// One bilateral iteration (x pass then y pass) over luma and chroma, in place.
+    fn bilateral_iteration(&mut self, p: &ToonParams) {
+        let (w, h) = (self.geometry.width, self.geometry.height);
+        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
+        let t = self.threads;
+        let (lr, cr) = (p.luma_radius as isize, p.chroma_radius as isize);
+        // x passes: plane -> tmp
+        let src = &self.l;
+        for_row_bands(&mut self.tmp_l, w, h, t, |first, rows, out| {
+            for r in 0..rows {
+                let row = &src[(first + r) * w..][..w];
+                for (x, o) in out[r * w..][..w].iter_mut().enumerate() {
+                    *o = bilateral_luma(p, row[x], lr, |j| row[clamp_index(x as isize + j, w)]);
+                }
+            }
+        });
+        let src = &self.uv;
+        for_row_bands(&mut self.tmp_uv, 2 * cw, ch, t, |first, rows, out| {
+            for r in 0..rows {
+                let row = &src[(first + r) * 2 * cw..][..2 * cw];
+                for x in 0..cw {
+                    let at = |j: isize| {
+                        let xx = clamp_index(x as isize + j, cw);
+                        (row[2 * xx], row[2 * xx + 1])
+                    };
+                    let (u, v) = bilateral_chroma(p, at(0), cr, at);
+                    out[r * 2 * cw + 2 * x] = u;
+                    out[r * 2 * cw + 2 * x + 1] = v;
+                }
+            }
+        });
+        // y passes: tmp -> plane
+        let src = &self.tmp_l;
+        for_row_bands(&mut self.l, w, h, t, |first, rows, out| {
+            for r in 0..rows {
+                let y = first + r;
+                for (x, o) in out[r * w..][..w].iter_mut().enumerate() {
+                    let at = |j: isize| src[clamp_index(y as isize + j, h) * w + x];
+                    *o = bilateral_luma(p, at(0), lr, at);
+                }
+            }
+        });
+        let src = &self.tmp_uv;
+        for_row_bands(&mut self.uv, 2 * cw, ch, t, |first, rows, out| {
+            for r in 0..rows {
+                let y = first + r;
+                for x in 0..cw {
+                    let at = |j: isize| {
+                        let i = clamp_index(y as isize + j, ch) * 2 * cw + 2 * x;
+                        (src[i], src[i + 1])
+                    };
+                    let (u, v) = bilateral_chroma(p, at(0), cr, at);
+                    out[r * 2 * cw + 2 * x] = u;
+                    out[r * 2 * cw + 2 * x + 1] = v;
+                }
+            }
+        });
+    }
+
+    /// DoG edges of the current luma plane into `self.edge` (the blended factor E').
+    fn edges(&mut self, p: &ToonParams) {
+        let (w, h) = (self.geometry.width, self.geometry.height);
+        let t = self.threads;
+        let er = p.edge_radius as isize;
+        let src = &self.l;
+        // x pass of both Gaussians; dog1 and dog2 are written together through one band split.
+        let mut pair: Vec<(&mut [f32], &mut [f32])> = Vec::new();
+        let per = h.div_ceil(t.max(1)).max(1);
+        for (a, b) in self
+            .dog1
+            .chunks_mut(per * w)
+            .zip(self.dog2.chunks_mut(per * w))
+        {
+            pair.push((a, b));
+        }
+        std::thread::scope(|s| {
+            for (i, (a, b)) in pair.into_iter().enumerate() {
+                s.spawn(move || {
+                    let first = i * per;
+                    for r in 0..a.len() / w {
+                        let row = &src[(first + r) * w..][..w];
+                        for x in 0..w {
+                            let (g1, g2) =
+                                gauss_pair(p, er, |j| row[clamp_index(x as isize + j, w)]);
+                            a[r * w + x] = g1;
+                            b[r * w + x] = g2;
+                        }
+                    }
+                });
+            }
+        });
+        let (d1, d2) = (&self.dog1, &self.dog2);
+        for_row_bands(&mut self.edge, w, h, t, |first, rows, out| {
+            for r in 0..rows {
+                let y = first + r;
+                for (x, o) in out[r * w..][..w].iter_mut().enumerate() {
+                    let (g1, _) = gauss_pair(p, er, |j| d1[clamp_index(y as isize + j, h) * w + x]);
+                    let (_, g2) = gauss_pair(p, er, |j| d2[clamp_index(y as isize + j, h) * w + x]);
+                    *o = edge_factor(g1, g2, p);
+                }
+            }
+        });
+    }
+
+    /// Filters the current features against the `used` most recent ring entries into tmp planes.
+    fn temporal(&mut self, p: &ToonParams, used: usize) {
+        let (w, h) = (self.geometry.width, self.geometry.height);
+        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
+        let t = self.threads;
+        let recent: Vec<&Feature> = (1..=used).filter_map(|k| self.ring.recent(k)).collect();
+        let cur = &self.l;
+        let recent_ref = &recent;
+        for_row_bands(&mut self.tmp_l, w, h, t, |first, rows, out| {
+            for (i, o) in out[..rows * w].iter_mut().enumerate() {
+                let idx = first * w + i;
+                *o = temporal_luma(p, cur[idx], recent_ref.iter().map(|f| f.l[idx]));
+            }
+        });
+        let cur = &self.uv;
+        for_row_bands(&mut self.tmp_uv, 2 * cw, ch, t, |first, rows, out| {
+            for i in 0..rows * cw {
+                let idx = 2 * (first * cw + i);
+                let (u, v) = temporal_chroma(
+                    p,
+                    (cur[idx], cur[idx + 1]),
+                    recent_ref.iter().map(|f| (f.uv[idx], f.uv[idx + 1])),
+                );
+                out[2 * i] = u;
+                out[2 * i + 1] = v;
+            }
+        });
+    }
+
+    /// Quantize, compose with the edges and pack NV12.
+    fn compose(&mut self, p: &ToonParams, levels: Option<(f32, f32)>, output: &mut Nv12FrameMut) {
+        let (w, h) = (self.geometry.width, self.geometry.height);
+        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
+        let t = self.threads;
+        let (fl, edge) = (&self.tmp_l, &self.edge);
+        let y_stride = output.y_stride;
+        for_row_bands(output.y, y_stride, h, t, |first, rows, out| {
+            for r in 0..rows {
+                for x in 0..w {
+                    let idx = (first + r) * w + x;
+                    let mut l = fl[idx];
+                    if let Some((black, white)) = levels {
+                        l = apply_levels(l, black, white);
+                    }
+                    let lq = quantize(l, p.levels, p.level_sharpness);
+                    out[r * y_stride + x] = pack_luma(lq, edge[idx]);
+                }
+            }
+        });
+        let fuv = &self.tmp_uv;
+        let uv_stride = output.uv_stride;
+        for_row_bands(output.uv, uv_stride, ch, t, |first, rows, out| {
+            for r in 0..rows {
+                let cy = first + r;
+                for cx in 0..cw {
+                    let e = edge_half(edge, w, h, cx, cy);
+                    let i = 2 * (cy * cw + cx);
+                    out[r * uv_stride + 2 * cx] = pack_chroma(fuv[i], p.saturation, e);
+                    out[r * uv_stride + 2 * cx + 1] = pack_chroma(fuv[i + 1], p.saturation, e);
+                }
+            }
+        });
+    }
+}
+
+/// Minimum of E' over the 2x2 luma block of chroma sample (cx, cy).
+#[inline]
+fn edge_half(edge: &[f32], w: usize, h: usize, cx: usize, cy: usize) -> f32 {
+    let (x0, y0) = (2 * cx, 2 * cy);
+    let (x1, y1) = ((x0 + 1).min(w - 1), (y0 + 1).min(h - 1));
+    edge[y0 * w + x0]
+        .min(edge[y0 * w + x1])
+        .min(edge[y1 * w + x0])
+        .min(edge[y1 * w + x1])
+}
+
+/// One bilateral tap sum over luma: `at(j)` is the neighbour at offset j (replicated borders).
+#[inline]
+fn bilateral_luma(p: &ToonParams, c: f32, radius: isize, at: impl Fn(isize) -> f32) -> f32 {
+    let (mut acc, mut wsum) = (0.0f32, 0.0f32);
+    for j in -radius..=radius {
+        let n = at(j);
+        let d = n - c;
+        let wgt = p.luma_spatial[j.unsigned_abs()] * (p.range_coeff * d * d).exp();
+        acc += wgt * n;
+        wsum += wgt;
+    }
+    acc / wsum
+}
+
+/// One bilateral tap sum over (u, v), range distance taken jointly in L units.
+#[inline]
+fn bilateral_chroma(
+    p: &ToonParams,
+    c: (f32, f32),
+    radius: isize,
+    at: impl Fn(isize) -> (f32, f32),
+) -> (f32, f32) {
+    let (mut acc_u, mut acc_v, mut wsum) = (0.0f32, 0.0f32, 0.0f32);
+    for j in -radius..=radius {
+        let (u, v) = at(j);
+        let du = 100.0 * (u - c.0);
+        let dv = 100.0 * (v - c.1);
+        let wgt = p.chroma_spatial[j.unsigned_abs()] * (p.range_coeff * (du * du + dv * dv)).exp();
+        acc_u += wgt * u;
+        acc_v += wgt * v;
+        wsum += wgt;
+    }
+    (acc_u / wsum, acc_v / wsum)
+}
+
+/// Both DoG Gaussians over the same taps, each normalised by its own weight sum.
+#[inline]
+fn gauss_pair(p: &ToonParams, radius: isize, at: impl Fn(isize) -> f32) -> (f32, f32) {
+    let (mut s1, mut n1, mut s2, mut n2) = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
+    for j in -radius..=radius {
+        let v = at(j);
+        let a = p.edge_gauss1[j.unsigned_abs()];
+        let b = p.edge_gauss2[j.unsigned_abs()];
+        s1 += a * v;
+        n1 += a;
+        s2 += b * v;
+        n2 += b;
+    }
+    (s1 / n1, s2 / n2)
+}
+
+/// Temporal filter of one luma value against its history, newest first.
+#[inline]
+pub fn temporal_luma(p: &ToonParams, f0: f32, history: impl Iterator<Item = f32>) -> f32 {
+    let (mut acc, mut wsum, mut sk) = (f0, 1.0f32, 1.0f32);
+    for fk in history {
+        sk *= p.temporal_strength;
+        let d = fk - f0;
+        let w = sk * (p.motion_coeff * d * d).exp();
+        acc += w * fk;
+        wsum += w;
+    }
+    acc / wsum
+}
+
+/// Temporal filter of one (u, v) sample, the motion guard on the joint chroma distance.
+#[inline]
+pub fn temporal_chroma(
+    p: &ToonParams,
+    c0: (f32, f32),
+    history: impl Iterator<Item = (f32, f32)>,
+) -> (f32, f32) {
+    let (mut acc_u, mut acc_v, mut wsum, mut sk) = (c0.0, c0.1, 1.0f32, 1.0f32);
+    for (u, v) in history {
+        sk *= p.temporal_strength;
+        let du = 100.0 * (u - c0.0);
+        let dv = 100.0 * (v - c0.1);
+        let w = sk * (p.motion_coeff * (du * du + dv * dv)).exp();
+        acc_u += w * u;
+        acc_v += w * v;
+        wsum += w;
+    }
+    (acc_u / wsum, acc_v / wsum)
+}

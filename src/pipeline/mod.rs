@@ -1,0 +1,11 @@
+//! Backend-neutral pipeline: stage parameters, frame geometry, the temporal ring, the scene-cut
+//! detector and the CPU reference. Nothing here depends on GStreamer or CUDA.
+
+pub mod analysis;
+pub mod cpu;
+pub mod frame;
+pub mod params;
+pub mod ring;
+
+pub use frame::{FrameGeometry, Nv12Frame, Nv12FrameMut};
+pub use params::{Precision, Shape, StageParams, ToonParams};

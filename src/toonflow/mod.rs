@@ -1,0 +1,4 @@
+use gst::glib;
+pub fn register(_plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    Ok(())
+}
