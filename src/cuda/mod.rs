@@ -43,7 +43,9 @@ pub struct GpuFrameStats {
 /// Checks, without any call that could panic, that libcuda and NVRTC load and that `device_id`
 /// exists. Returns the device's name.
 pub fn probe(_device_id: usize) -> Result<String, CudaError> {
-    Err(CudaError::Unavailable("the CUDA backend is not built yet".into()))
+    Err(CudaError::Unavailable(
+        "the CUDA backend is not built yet".into(),
+    ))
 }
 
 /// One element instance's GPU state: stream, arena, graph cache and temporal ring.
@@ -59,7 +61,9 @@ impl CudaPipeline {
         _max_device_memory: u64,
         _use_graph: bool,
     ) -> Result<Self, CudaError> {
-        Err(CudaError::Unavailable("the CUDA backend is not built yet".into()))
+        Err(CudaError::Unavailable(
+            "the CUDA backend is not built yet".into(),
+        ))
     }
 
     pub fn process(

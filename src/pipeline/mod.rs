@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod frame;
 pub mod params;
 pub mod ring;
+pub mod stats;
 
 pub use frame::{FrameGeometry, Nv12Frame, Nv12FrameMut};
 pub use params::{Precision, Shape, StageParams, ToonParams};

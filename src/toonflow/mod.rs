@@ -1,4 +1,25 @@
+//! The `toonflow` element.
+
 use gst::glib;
-pub fn register(_plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
-    Ok(())
+use gst::prelude::*;
+
+mod imp;
+mod settings;
+
+pub use settings::{BackendChoice, PrecisionChoice};
+
+glib::wrapper! {
+    pub struct Toonflow(ObjectSubclass<imp::Toonflow>)
+        @extends gst_video::VideoFilter, gst_base::BaseTransform, gst::Element, gst::Object;
+}
+
+pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    BackendChoice::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
+    PrecisionChoice::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
+    gst::Element::register(
+        Some(plugin),
+        "toonflow",
+        gst::Rank::NONE,
+        Toonflow::static_type(),
+    )
 }

@@ -1,0 +1,111 @@
+//! One primary CUDA context per device per process, held in a global once-cell.
+//!
+//! Every entry point checks that libcuda and NVRTC can be loaded *before* the first cudarc call
+//! that would panic without them, and wraps the remaining cudarc calls in `catch_unwind`.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, DriverError};
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
+use super::CudaError;
+
+static CONTEXTS: Lazy<Mutex<HashMap<usize, Arc<CudaContext>>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// Runs `f`, turning a panic inside cudarc into [`CudaError::Failed`].
+pub(crate) fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(CudaError::Failed(format!("{what}: cudarc panicked: {msg}")))
+        }
+    }
+}
+
+/// A driver error as text (`CUDA_ERROR_...: description`).
+pub(crate) fn driver_msg(e: &DriverError) -> String {
+    format!("{e}")
+}
+
+pub(crate) fn failed(what: &str) -> impl FnOnce(DriverError) -> CudaError + '_ {
+    move |e| CudaError::Failed(format!("{what}: {}", driver_msg(&e)))
+}
+
+/// libcuda and NVRTC load? Never panics.
+pub fn libraries_present() -> Result<(), CudaError> {
+    let cuda = catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false);
+    if !cuda {
+        return Err(CudaError::Unavailable(
+            "libcuda (the NVIDIA driver library) cannot be loaded".into(),
+        ));
+    }
+    let nvrtc = catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false);
+    if !nvrtc {
+        return Err(CudaError::Unavailable(
+            "libnvrtc (the CUDA runtime compiler) cannot be loaded".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The process-wide primary context of `device_id`, created on first use with cudarc's
+/// per-buffer event tracking disabled (it breaks stream capture).
+pub fn context(device_id: usize) -> Result<Arc<CudaContext>, CudaError> {
+    libraries_present()?;
+    let mut map = CONTEXTS.lock();
+    if let Some(ctx) = map.get(&device_id) {
+        return Ok(ctx.clone());
+    }
+    let ctx = guard("creating the CUDA context", || {
+        let count = CudaContext::device_count()
+            .map_err(|e| CudaError::Unavailable(format!("cuInit failed: {}", driver_msg(&e))))?;
+        if count <= 0 {
+            return Err(CudaError::Unavailable("no CUDA device found".into()));
+        }
+        if device_id >= count as usize {
+            return Err(CudaError::Unavailable(format!(
+                "CUDA device {device_id} does not exist ({count} device(s) present)"
+            )));
+        }
+        let ctx = CudaContext::new(device_id).map_err(|e| {
+            CudaError::Unavailable(format!(
+                "cannot create a context on device {device_id}: {}",
+                driver_msg(&e)
+            ))
+        })?;
+        // SAFETY: every stream of this backend keeps its own buffers; nothing is shared
+        // between streams without an explicit synchronisation.
+        unsafe { ctx.disable_event_tracking() };
+        Ok(ctx)
+    })?;
+    map.insert(device_id, ctx.clone());
+    Ok(ctx)
+}
+
+/// Name and compute capability of the device.
+pub fn describe(ctx: &Arc<CudaContext>) -> Result<(String, (i32, i32)), CudaError> {
+    guard("querying the device", || {
+        let name = ctx.name().map_err(failed("cuDeviceGetName"))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(failed("compute capability"))?;
+        Ok((name, cc))
+    })
+}
+
+/// Free and total device memory in bytes.
+pub fn memory_info(ctx: &Arc<CudaContext>) -> Result<(u64, u64), CudaError> {
+    guard("cuMemGetInfo", || {
+        let (free, total) = ctx.mem_get_info().map_err(failed("cuMemGetInfo"))?;
+        Ok((free as u64, total as u64))
+    })
+}

@@ -1,0 +1,146 @@
+//! NVRTC build of `kernels/toonflow.cu` for the device's own architecture, cached per process
+//! by (architecture, precision) for the PTX and by (device, precision) for the loaded module.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
+use super::CudaError;
+use super::context::{describe, failed, guard};
+use crate::pipeline::Precision;
+
+/// The kernel source and its header, embedded at build time.
+pub const KERNEL_SOURCE: &str = include_str!("../../kernels/toonflow.cu");
+pub const PARAMS_HEADER: &str = include_str!("../../kernels/toonflow_params.cuh");
+
+/// Names of the kernels in `toonflow.cu`.
+pub const KERNEL_NAMES: [&str; 6] = [
+    "tf_unpack",
+    "tf_analyze",
+    "tf_bilateral_x",
+    "tf_bilateral_y",
+    "tf_dog_x",
+    "tf_final",
+];
+
+/// The loaded functions of one (device, precision).
+pub struct Kernels {
+    pub precision: Precision,
+    pub unpack: CudaFunction,
+    pub analyze: CudaFunction,
+    pub bilateral_x: CudaFunction,
+    pub bilateral_y: CudaFunction,
+    pub dog_x: CudaFunction,
+    pub final_: CudaFunction,
+    /// Milliseconds NVRTC took (0 when the PTX came from the cache).
+    pub compile_ms: f64,
+    pub arch: String,
+}
+
+static PTX_CACHE: Lazy<Mutex<HashMap<(String, Precision), String>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+static MODULES: Lazy<Mutex<HashMap<(usize, Precision), Arc<Kernels>>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// The translation unit NVRTC sees: the header pasted in place of its `#include`.
+pub fn full_source(precision: Precision) -> String {
+    let header: String = PARAMS_HEADER
+        .lines()
+        .filter(|l| l.trim() != "#pragma once")
+        .collect::<Vec<_>>()
+        .join("\n");
+    let body = KERNEL_SOURCE.replace("#include \"toonflow_params.cuh\"", &header);
+    let fp16 = matches!(precision, Precision::Fp16) as i32;
+    format!("#define TF_FP16 {fp16}\n{body}")
+}
+
+fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaError> {
+    if let Some(ptx) = PTX_CACHE.lock().get(&(arch.to_string(), precision)) {
+        return Ok((ptx.clone(), 0.0));
+    }
+    let start = Instant::now();
+    let opts = CompileOptions {
+        fmad: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ftz: Some(false),
+        use_fast_math: Some(false),
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++14".into()],
+        name: Some("toonflow.cu".into()),
+        ..Default::default()
+    };
+    let src = full_source(precision);
+    let ptx = guard("NVRTC", || {
+        cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| match e {
+            CompileError::CompileError { nvrtc, log, .. } => CudaError::Failed(format!(
+                "NVRTC could not compile toonflow.cu for {arch} ({nvrtc:?}):\n{}",
+                log.to_string_lossy()
+            )),
+            other => CudaError::Failed(format!("NVRTC failed: {other:?}")),
+        })
+    })?;
+    let text = ptx.to_src();
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    PTX_CACHE
+        .lock()
+        .insert((arch.to_string(), precision), text.clone());
+    Ok((text, ms))
+}
+
+/// The kernels of `precision` loaded into `ctx` (compiled on first use in this process).
+pub fn kernels(ctx: &Arc<CudaContext>, precision: Precision) -> Result<Arc<Kernels>, CudaError> {
+    let key = (ctx.ordinal(), precision);
+    let mut modules = MODULES.lock();
+    if let Some(k) = modules.get(&key) {
+        return Ok(k.clone());
+    }
+    let (_, (major, minor)) = describe(ctx)?;
+    let arch = format!("sm_{major}{minor}");
+    let (ptx, compile_ms) = compile(&arch, precision)?;
+    let k = guard("loading the kernels", || {
+        let module = ctx
+            .load_module(Ptx::from_src(ptx))
+            .map_err(failed("cuModuleLoadData"))?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| CudaError::Failed(format!("kernel {name}: {e}")))
+        };
+        Ok(Kernels {
+            precision,
+            unpack: f("tf_unpack")?,
+            analyze: f("tf_analyze")?,
+            bilateral_x: f("tf_bilateral_x")?,
+            bilateral_y: f("tf_bilateral_y")?,
+            dog_x: f("tf_dog_x")?,
+            final_: f("tf_final")?,
+            compile_ms,
+            arch: arch.clone(),
+        })
+    })?;
+    let k = Arc::new(k);
+    modules.insert(key, k.clone());
+    Ok(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_is_self_contained() {
+        let s = full_source(Precision::Fp16);
+        assert!(s.starts_with("#define TF_FP16 1"));
+        assert!(!s.contains("#include"));
+        assert!(s.contains("struct ToonParams"));
+        for name in KERNEL_NAMES {
+            assert!(s.contains(&format!("__global__ void {name}(")), "{name}");
+        }
+        assert!(full_source(Precision::Fp32).starts_with("#define TF_FP16 0"));
+    }
+}

@@ -1,0 +1,79 @@
+//! The element's settings (properties) and the enums they use.
+
+use gst::glib;
+
+use crate::pipeline::{Precision, StageParams};
+
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstToonflowBackend")]
+pub enum BackendChoice {
+    #[default]
+    #[enum_value(
+        name = "Auto: CUDA where a driver and device exist, else the CPU reference",
+        nick = "auto"
+    )]
+    Auto = 0,
+    #[enum_value(name = "CPU: the f32 reference implementation", nick = "cpu")]
+    Cpu = 1,
+    #[enum_value(
+        name = "CUDA: NVIDIA GPU through the CUDA driver (fails without one)",
+        nick = "cuda"
+    )]
+    Cuda = 2,
+}
+
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstToonflowPrecision")]
+pub enum PrecisionChoice {
+    #[default]
+    #[enum_value(
+        name = "fp16: half-precision storage, fp32 math (CUDA only)",
+        nick = "fp16"
+    )]
+    Fp16 = 0,
+    #[enum_value(name = "fp32: single-precision storage and math", nick = "fp32")]
+    Fp32 = 1,
+}
+
+impl From<PrecisionChoice> for Precision {
+    fn from(p: PrecisionChoice) -> Precision {
+        match p {
+            PrecisionChoice::Fp16 => Precision::Fp16,
+            PrecisionChoice::Fp32 => Precision::Fp32,
+        }
+    }
+}
+
+pub const DEFAULT_DEVICE_ID: u32 = 0;
+pub const DEFAULT_CUDA_GRAPH: bool = true;
+pub const DEFAULT_MAX_DEVICE_MEMORY: u64 = 0;
+pub const DEFAULT_STATS_INTERVAL: u32 = 0;
+
+/// Everything the user can set. Shape-changing values take effect at the next frame by
+/// rebuilding the backend's per-stream state; the others by updating the parameter block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub backend: BackendChoice,
+    pub device_id: u32,
+    pub precision: PrecisionChoice,
+    pub stage: StageParams,
+    pub cuda_graph: bool,
+    pub max_device_memory: u64,
+    pub stats_interval: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            backend: BackendChoice::default(),
+            device_id: DEFAULT_DEVICE_ID,
+            precision: PrecisionChoice::default(),
+            stage: StageParams::default(),
+            cuda_graph: DEFAULT_CUDA_GRAPH,
+            max_device_memory: DEFAULT_MAX_DEVICE_MEMORY,
+            stats_interval: DEFAULT_STATS_INTERVAL,
+        }
+    }
+}
