@@ -17,7 +17,10 @@ static CONTEXTS: Lazy<Mutex<HashMap<usize, Arc<CudaContext>>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
 
 /// Runs `f`, turning a panic inside cudarc into [`CudaError::Failed`].
-pub(crate) fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
+pub(crate) fn guard<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, CudaError>,
+) -> Result<T, CudaError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(panic) => {

@@ -42,10 +42,11 @@ pub struct Kernels {
     pub arch: String,
 }
 
-static PTX_CACHE: Lazy<Mutex<HashMap<(String, Precision), String>>> =
-    Lazy::new(|| Mutex::new(HashMap::new()));
-static MODULES: Lazy<Mutex<HashMap<(usize, Precision), Arc<Kernels>>>> =
-    Lazy::new(|| Mutex::new(HashMap::new()));
+type PtxCache = HashMap<(String, Precision), String>;
+type ModuleCache = HashMap<(usize, Precision), Arc<Kernels>>;
+
+static PTX_CACHE: Lazy<Mutex<PtxCache>> = Lazy::new(|| Mutex::new(HashMap::new()));
+static MODULES: Lazy<Mutex<ModuleCache>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
 /// The translation unit NVRTC sees: the header pasted in place of its `#include`.
 pub fn full_source(precision: Precision) -> String {

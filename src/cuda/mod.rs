@@ -1,9 +1,20 @@
 //! CUDA backend (cudarc): context, kernel build, memory plan, graph cache.
 //!
-//! The element talks to this module only through [`probe`] and [`CudaPipeline`].
+//! The element talks to this module only through [`probe`], [`CudaPipeline`] and
+//! [`PinnedHostBuffer`]. Nothing here depends on GStreamer: what should be logged is returned
+//! by [`CudaPipeline::take_events`].
 
-use crate::pipeline::cpu::FrameReport;
-use crate::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut, Shape, ToonParams};
+mod backend;
+pub mod context;
+pub mod graph;
+pub mod kernels;
+pub mod plan;
+
+pub use backend::{
+    CudaPipeline, GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES, GraphKey, PinnedHostBuffer, PipelineEvent,
+    is_page_locked,
+};
+pub use plan::MemoryPlan;
 
 /// Why the CUDA backend cannot run or failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,54 +42,25 @@ impl std::error::Error for CudaError {}
 /// Per-frame figures of the GPU path.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GpuFrameStats {
+    /// Kernels of the frame (CUDA events around the graph launch or the eager launches).
     pub gpu_time_us: f64,
+    /// Upload plus download (CUDA events).
     pub transfer_time_us: f64,
     pub launches: u32,
     pub graph_replayed: bool,
     pub arena_bytes: u64,
     pub peak_live_bytes: u64,
     pub device_free_bytes: u64,
+    /// Wall time of `process` on the calling thread.
+    pub host_time_us: f64,
+    pub upload_time_us: f64,
+    pub download_time_us: f64,
 }
 
 /// Checks, without any call that could panic, that libcuda and NVRTC load and that `device_id`
-/// exists. Returns the device's name.
-pub fn probe(_device_id: usize) -> Result<String, CudaError> {
-    Err(CudaError::Unavailable(
-        "the CUDA backend is not built yet".into(),
-    ))
-}
-
-/// One element instance's GPU state: stream, arena, graph cache and temporal ring.
-pub struct CudaPipeline {
-    _private: (),
-}
-
-impl CudaPipeline {
-    pub fn new(
-        _device_id: usize,
-        _geometry: FrameGeometry,
-        _shape: Shape,
-        _max_device_memory: u64,
-        _use_graph: bool,
-    ) -> Result<Self, CudaError> {
-        Err(CudaError::Unavailable(
-            "the CUDA backend is not built yet".into(),
-        ))
-    }
-
-    pub fn process(
-        &mut self,
-        _params: &ToonParams,
-        _input: &Nv12Frame,
-        _output: &mut Nv12FrameMut,
-    ) -> Result<FrameReport, CudaError> {
-        Err(CudaError::Failed("not built".into()))
-    }
-
-    /// Empties the temporal ring and the scene detector's memory.
-    pub fn reset(&mut self) {}
-
-    pub fn last_frame_stats(&self) -> GpuFrameStats {
-        GpuFrameStats::default()
-    }
+/// exists. Returns the device's name. Creates (once per process) the device's primary context.
+pub fn probe(device_id: usize) -> Result<String, CudaError> {
+    let ctx = context::context(device_id)?;
+    let (name, (major, minor)) = context::describe(&ctx)?;
+    Ok(format!("{name} (sm_{major}{minor})"))
 }
