@@ -214,18 +214,15 @@ impl CpuPipeline {
         let scene_score = self.detector.score(self.statistics.thumbnail(w, h));
         let scene_cut = scene_score > p.scene_cut_threshold;
 
-        // 2. Edge-preserving smoothing; the edges come from iteration `edge_iteration`.
-        if p.edge_iteration == 0 {
-            self.edges(p);
-        }
-        for iteration in 1..=p.bilateral_iterations.max(0) {
+        // 2. Edge-preserving smoothing up to the edge iteration: these are the frame's features.
+        let edge_iteration = p.edge_iteration.clamp(0, p.bilateral_iterations.max(0));
+        for _ in 0..edge_iteration {
             self.bilateral_iteration(p);
-            if iteration == p.edge_iteration {
-                self.edges(p);
-            }
         }
 
-        // 3. Temporal filter against the ring, then the current features join it.
+        // 3. Temporal filter of the features against the ring; the raw features join the ring.
+        // Everything after this point (edges, further smoothing, quantization) works on the
+        // filtered features, so neither the lines nor the bands flicker.
         if scene_cut {
             self.ring.clear();
         }
@@ -236,6 +233,14 @@ impl CpuPipeline {
             slot.l.copy_from_slice(l);
             slot.uv.copy_from_slice(uv);
         });
+        std::mem::swap(&mut self.l, &mut self.tmp_l);
+        std::mem::swap(&mut self.uv, &mut self.tmp_uv);
+
+        // 4. DoG edges of the filtered features, then the remaining smoothing iterations.
+        self.edges(p);
+        for _ in edge_iteration..p.bilateral_iterations.max(0) {
+            self.bilateral_iteration(p);
+        }
 
         // 4–6. Auto-levels, quantize, compose, pack.
         let levels = if p.auto_levels != 0 {
@@ -389,7 +394,7 @@ impl CpuPipeline {
         let (w, h) = (self.geometry.width, self.geometry.height);
         let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
         let t = self.threads;
-        let (fl, edge) = (&self.tmp_l, &self.edge);
+        let (fl, edge) = (&self.l, &self.edge);
         let y_stride = output.y_stride;
         for_row_bands(output.y, y_stride, h, t, |first, rows, out| {
             for r in 0..rows {
@@ -404,7 +409,7 @@ impl CpuPipeline {
                 }
             }
         });
-        let fuv = &self.tmp_uv;
+        let fuv = &self.uv;
         let uv_stride = output.uv_stride;
         for_row_bands(output.uv, uv_stride, ch, t, |first, rows, out| {
             for r in 0..rows {

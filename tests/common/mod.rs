@@ -1,0 +1,197 @@
+//! Shared helpers of the integration tests: plugin registration, photo fixtures decoded to NV12
+//! through GStreamer itself, and frame statistics.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Once;
+
+use gst::prelude::*;
+use gst_video::prelude::*;
+
+pub fn init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        gst::init().unwrap();
+        gsttoonflow::plugin_register_static().expect("register toonflow");
+    });
+}
+
+/// A fixture under tests/data, found through the run-time CARGO_MANIFEST_DIR (the GPU machine
+/// runs the test executables from a copy of the checkout at another path).
+pub fn fixture(name: &str) -> PathBuf {
+    let root =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    PathBuf::from(root).join("tests/data").join(name)
+}
+
+/// A tightly packed NV12 frame.
+#[derive(Clone, Debug)]
+pub struct Nv12 {
+    pub width: usize,
+    pub height: usize,
+    pub data: Vec<u8>,
+}
+
+impl Nv12 {
+    pub fn new(width: usize, height: usize) -> Self {
+        Nv12 {
+            width,
+            height,
+            data: vec![0; width * height * 3 / 2],
+        }
+    }
+    pub fn y(&self) -> &[u8] {
+        &self.data[..self.width * self.height]
+    }
+    pub fn y_mut(&mut self) -> &mut [u8] {
+        let n = self.width * self.height;
+        &mut self.data[..n]
+    }
+    pub fn uv(&self) -> &[u8] {
+        &self.data[self.width * self.height..]
+    }
+    pub fn luma(&self, x: usize, y: usize) -> u8 {
+        self.data[y * self.width + x]
+    }
+    pub fn caps(&self) -> gst::Caps {
+        nv12_caps(self.width, self.height)
+    }
+    /// A buffer laid out as GStreamer lays out this size by default (rows padded to 4 bytes).
+    pub fn to_buffer(&self) -> gst::Buffer {
+        let info = gst_video::VideoInfo::from_caps(&self.caps()).unwrap();
+        let (w, h) = (self.width, self.height);
+        let mut data = vec![0u8; info.size()];
+        let (ys, uvs) = (info.stride()[0] as usize, info.stride()[1] as usize);
+        let uv_offset = info.offset()[1];
+        for r in 0..h {
+            data[r * ys..r * ys + w].copy_from_slice(&self.data[r * w..(r + 1) * w]);
+        }
+        for r in 0..h / 2 {
+            let src = w * h + r * w;
+            data[uv_offset + r * uvs..uv_offset + r * uvs + w]
+                .copy_from_slice(&self.data[src..src + w]);
+        }
+        gst::Buffer::from_slice(data)
+    }
+    /// Adds deterministic pseudo-random noise of about `amplitude` codes to luma and chroma.
+    pub fn with_noise(&self, amplitude: f32, seed: u64) -> Nv12 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut out = self.clone();
+        for v in out.data.iter_mut() {
+            let n = rng.gaussian() * amplitude;
+            *v = (*v as f32 + n).round().clamp(0.0, 255.0) as u8;
+        }
+        out
+    }
+    /// A tightly packed copy of a mapped buffer with the given caps.
+    pub fn from_buffer(buffer: &gst::BufferRef, caps: &gst::CapsRef) -> Nv12 {
+        let info = gst_video::VideoInfo::from_caps(caps).unwrap();
+        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer, &info).unwrap();
+        let (w, h) = (info.width() as usize, info.height() as usize);
+        let mut out = Nv12::new(w, h);
+        let ys = frame.plane_stride()[0] as usize;
+        let uvs = frame.plane_stride()[1] as usize;
+        let yp = frame.plane_data(0).unwrap();
+        let uvp = frame.plane_data(1).unwrap();
+        for r in 0..h {
+            out.data[r * w..(r + 1) * w].copy_from_slice(&yp[r * ys..r * ys + w]);
+        }
+        for r in 0..h / 2 {
+            let o = w * h + r * w;
+            out.data[o..o + w].copy_from_slice(&uvp[r * uvs..r * uvs + w]);
+        }
+        out
+    }
+}
+
+pub fn nv12_caps(width: usize, height: usize) -> gst::Caps {
+    gst::Caps::builder("video/x-raw")
+        .field("format", "NV12")
+        .field("width", width as i32)
+        .field("height", height as i32)
+        .field("framerate", gst::Fraction::new(30, 1))
+        .build()
+}
+
+/// Decodes a photo of tests/data and scales it to `width`×`height` NV12.
+pub fn photo(name: &str, width: usize, height: usize) -> Nv12 {
+    init();
+    let path = fixture(name);
+    assert!(path.exists(), "fixture {} is missing", path.display());
+    let desc = format!(
+        "filesrc location=\"{}\" ! decodebin ! videoconvert ! videoscale ! \
+         video/x-raw,format=NV12,width={width},height={height},pixel-aspect-ratio=1/1 ! appsink name=sink sync=false",
+        path.display()
+    );
+    let pipeline = gst::parse::launch(&desc)
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+    let sink = pipeline
+        .by_name("sink")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let sample = sink.pull_sample().expect("decoded photo");
+    let out = Nv12::from_buffer(sample.buffer().unwrap(), sample.caps().unwrap());
+    pipeline.set_state(gst::State::Null).unwrap();
+    out
+}
+
+/// A harness around one toonflow element with NV12 caps for `width`×`height`.
+pub fn harness(width: usize, height: usize, props: &[(&str, &dyn ToValue)]) -> gst_check::Harness {
+    init();
+    let mut h = gst_check::Harness::new("toonflow");
+    {
+        let el = h.element().unwrap();
+        el.set_property_from_str("backend", "cpu");
+        for (name, value) in props {
+            el.set_property(name, value.to_value());
+        }
+    }
+    h.set_src_caps(nv12_caps(width, height));
+    h
+}
+
+/// Pushes one frame and returns the output frame.
+pub fn push_frame(h: &mut gst_check::Harness, frame: &Nv12) -> Nv12 {
+    // The harness pushes synchronously, so the output is queued when push returns: no pull
+    // timeout can cut short a slow (CPU, large) frame.
+    h.push(frame.to_buffer()).expect("push");
+    let out = h.try_pull().expect("output buffer");
+    Nv12::from_buffer(&out, &frame.caps())
+}
+
+/// Runs a single frame through a fresh CPU element.
+pub fn stylize(frame: &Nv12, props: &[(&str, &dyn ToValue)]) -> Nv12 {
+    let mut h = harness(frame.width, frame.height, props);
+    push_frame(&mut h, frame)
+}
+
+pub fn mean_abs_diff(a: &[u8], b: &[u8]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as i32 - y as i32).unsigned_abs() as f64)
+        .sum::<f64>()
+        / a.len() as f64
+}
+
+/// xorshift64* with Box–Muller: deterministic noise without a dependency.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32
+    }
+    pub fn gaussian(&mut self) -> f32 {
+        let (a, b) = (self.uniform(), self.uniform());
+        (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos()
+    }
+}
