@@ -24,7 +24,7 @@ impl FrameGeometry {
                 Self::MAX_SIZE
             ));
         }
-        if width % 2 != 0 || height % 2 != 0 {
+        if !width.is_multiple_of(2) || !height.is_multiple_of(2) {
             return Err(format!(
                 "frame size {width}x{height} must have even width and height"
             ));

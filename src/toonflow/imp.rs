@@ -100,7 +100,7 @@ impl Default for Stats {
 }
 
 impl Stats {
-    fn to_structure(&mut self) -> gst::Structure {
+    fn snapshot(&mut self) -> gst::Structure {
         let [p50, p99] = self.times.percentiles([50.0, 99.0]);
         gst::Structure::builder("toonflow-stats")
             .field("backend", self.backend)
@@ -261,7 +261,7 @@ impl Toonflow {
             if let Some(gpu) = gpu {
                 stats.gpu = gpu;
             }
-            (interval > 0 && stats.frames % interval == 0).then(|| stats.to_structure())
+            (interval > 0 && stats.frames.is_multiple_of(interval)).then(|| stats.snapshot())
         };
         if let Some(s) = message {
             let obj = self.obj();
@@ -415,7 +415,7 @@ impl ObjectImpl for Toonflow {
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
         if pspec.name() == "stats" {
-            return self.stats.lock().to_structure().to_value();
+            return self.stats.lock().snapshot().to_value();
         }
         let s = self.settings.lock();
         let st = &s.stage;
@@ -564,11 +564,11 @@ impl BaseTransformImpl for Toonflow {
     }
 
     fn sink_event(&self, event: gst::Event) -> bool {
-        if let gst::EventView::FlushStop(_) = event.view() {
-            if let Some(state) = self.state.lock().as_mut() {
-                gst::debug!(CAT, imp = self, "flush: temporal history dropped");
-                state.engine.reset();
-            }
+        if let gst::EventView::FlushStop(_) = event.view()
+            && let Some(state) = self.state.lock().as_mut()
+        {
+            gst::debug!(CAT, imp = self, "flush: temporal history dropped");
+            state.engine.reset();
         }
         self.parent_sink_event(event)
     }
