@@ -111,6 +111,7 @@ impl Rng {
 
 /// Crop of `src` at (x0, y0) of size (cw, ch) in source pixels, resampled (nearest) to
 /// `w`×`h`, with luma noise of ±`noise` codes.
+#[allow(clippy::too_many_arguments)]
 pub fn crop(
     src: &Frame,
     x0: f32,
