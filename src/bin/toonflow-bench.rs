@@ -1,0 +1,474 @@
+//! toonflow-bench: pushes pre-made NV12 frames of real content (the photos in tests/data, cropped,
+//! shifted and noised so no two consecutive frames are alike) through `appsrc ! toonflow !
+//! fakesink` and prints, per resolution and mode, throughput, latency percentiles, launches per
+//! frame and device memory; frei0r's cartoon filter runs on the same frames as the CPU peer.
+//! Warm-up frames are excluded; each configuration is repeated and the median reported.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gst::prelude::*;
+
+const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4k,320x240] \
+[--modes cpu,cuda-eager,cuda-graph,frei0r] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
+[--reps N] [--json FILE]";
+
+#[derive(Clone, Debug)]
+struct Options {
+    sizes: Vec<(usize, usize, String)>,
+    modes: Vec<String>,
+    precisions: Vec<String>,
+    frames: usize,
+    cpu_frames: usize,
+    reps: usize,
+    json: Option<PathBuf>,
+}
+
+fn parse_size(s: &str) -> Result<(usize, usize, String), String> {
+    let (w, h) = match s {
+        "720p" => (1280, 720),
+        "1080p" => (1920, 1080),
+        "1440p" => (2560, 1440),
+        "4k" | "2160p" => (3840, 2160),
+        other => {
+            let (w, h) = other.split_once('x').ok_or(format!("bad size {other}"))?;
+            (
+                w.parse().map_err(|_| format!("bad size {other}"))?,
+                h.parse().map_err(|_| format!("bad size {other}"))?,
+            )
+        }
+    };
+    Ok((w, h, s.to_string()))
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut o = Options {
+        sizes: ["720p", "1080p", "1440p", "4k"]
+            .iter()
+            .map(|s| parse_size(s).unwrap())
+            .collect(),
+        modes: ["cpu", "frei0r", "cuda-eager", "cuda-graph"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        precisions: vec!["fp16".into(), "fp32".into()],
+        frames: 2000,
+        cpu_frames: 4,
+        reps: 3,
+        json: None,
+    };
+    let mut args = std::env::args().skip(1);
+    let list = |v: Option<String>| -> Result<Vec<String>, String> {
+        Ok(v.ok_or("missing value")?
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .collect())
+    };
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => {
+                o.sizes = vec![parse_size("320x240")?];
+                o.modes = vec!["cpu".into(), "frei0r".into()];
+                o.precisions = vec!["fp32".into()];
+                o.cpu_frames = 6;
+                o.reps = 2;
+            }
+            "--sizes" => {
+                o.sizes = list(args.next())?
+                    .iter()
+                    .map(|s| parse_size(s))
+                    .collect::<Result<_, _>>()?
+            }
+            "--modes" => o.modes = list(args.next())?,
+            "--precisions" => o.precisions = list(args.next())?,
+            "--frames" => {
+                o.frames = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--frames N")?
+            }
+            "--cpu-frames" => {
+                o.cpu_frames = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--cpu-frames N")?
+            }
+            "--reps" => o.reps = args.next().and_then(|v| v.parse().ok()).ok_or("--reps N")?,
+            "--json" => o.json = Some(args.next().ok_or("--json FILE")?.into()),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(o)
+}
+
+fn data_dir() -> PathBuf {
+    let root =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    PathBuf::from(root).join("tests/data")
+}
+
+/// Decodes a photo to NV12 at the given size with GStreamer (stride-padded buffer as is).
+fn decode_photo(name: &str, width: usize, height: usize) -> Result<gst::Buffer, String> {
+    let desc = format!(
+        "filesrc location=\"{}\" ! decodebin ! videoconvert ! videoscale ! \
+         video/x-raw,format=NV12,width={width},height={height},pixel-aspect-ratio=1/1 ! appsink name=sink sync=false",
+        data_dir().join(name).display()
+    );
+    let pipeline = gst::parse::launch(&desc)
+        .map_err(|e| e.to_string())?
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+    let sink = pipeline.by_name("sink").unwrap();
+    pipeline
+        .set_state(gst::State::Playing)
+        .map_err(|e| e.to_string())?;
+    let sample = sink.emit_by_name::<Option<gst::Sample>>("pull-sample", &[]);
+    pipeline.set_state(gst::State::Null).ok();
+    let sample = sample.ok_or(format!("could not decode {name}"))?;
+    Ok(sample.buffer_owned().unwrap())
+}
+
+/// Eight distinct frames: four photos, each plain and with deterministic noise.
+fn make_frames(width: usize, height: usize) -> Result<Vec<gst::Buffer>, String> {
+    let mut frames = Vec::new();
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    for name in ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg"] {
+        let clean = decode_photo(name, width, height)?;
+        let mut noisy = clean.copy_deep().map_err(|e| e.to_string())?;
+        {
+            let nb = noisy.make_mut();
+            let mut map = nb.map_writable().map_err(|e| e.to_string())?;
+            for v in map.iter_mut() {
+                seed ^= seed >> 12;
+                seed ^= seed << 25;
+                seed ^= seed >> 27;
+                let n = ((seed.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 61) as i32) - 3;
+                *v = (*v as i32 + n).clamp(0, 255) as u8;
+            }
+        }
+        frames.push(clean);
+        frames.push(noisy);
+    }
+    Ok(frames)
+}
+
+#[derive(Clone, Debug, Default)]
+struct RunResult {
+    fps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    launches: u32,
+    arena_bytes: u64,
+    gpu_time_us: f64,
+    graph_replayed: bool,
+    backend: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// One measured run: `warmup` frames, then `frames` frames timed, through `filter`.
+fn run_once(
+    filter: &str,
+    width: usize,
+    height: usize,
+    frames: &[gst::Buffer],
+    warmup: usize,
+    count: usize,
+) -> Result<RunResult, String> {
+    let desc = format!(
+        "appsrc name=src format=time is-live=false block=true max-buffers=4 \
+         caps=video/x-raw,format=NV12,width={width},height={height},framerate=30/1 ! \
+         {filter} ! fakesink name=sink sync=false async=false"
+    );
+    let pipeline = gst::parse::launch(&desc)
+        .map_err(|e| e.to_string())?
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+    let src = pipeline.by_name("src").unwrap();
+    let sink = pipeline.by_name("sink").unwrap();
+    let toon = pipeline.by_name("t");
+
+    // Latency: time from the frame entering the filter chain to it reaching the sink.
+    let entered: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let done = Arc::new((Mutex::new(0usize), std::sync::Condvar::new()));
+    {
+        let entered_at_src = entered.clone();
+        let srcpad = src.static_pad("src").unwrap();
+        srcpad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            if let Some(b) = info.buffer() {
+                entered_at_src
+                    .lock()
+                    .unwrap()
+                    .insert(b.pts().map_or(0, |t| t.nseconds()), Instant::now());
+            }
+            gst::PadProbeReturn::Ok
+        });
+        let (entered, latencies, done) = (entered.clone(), latencies.clone(), done.clone());
+        sink.static_pad("sink")
+            .unwrap()
+            .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+                if let Some(b) = info.buffer() {
+                    let key = b.pts().map_or(0, |t| t.nseconds());
+                    if let Some(t0) = entered.lock().unwrap().remove(&key) {
+                        latencies
+                            .lock()
+                            .unwrap()
+                            .push(t0.elapsed().as_secs_f64() * 1e6);
+                    }
+                    let (lock, cv) = &*done;
+                    *lock.lock().unwrap() += 1;
+                    cv.notify_all();
+                }
+                gst::PadProbeReturn::Ok
+            });
+    }
+    pipeline
+        .set_state(gst::State::Playing)
+        .map_err(|e| format!("cannot start {filter}: {e}"))?;
+    let bus = pipeline.bus().unwrap();
+    let frame_duration = gst::ClockTime::from_nseconds(33_333_333);
+    let check_bus = || -> Result<(), String> {
+        while let Some(msg) = bus.pop_filtered(&[gst::MessageType::Error]) {
+            if let gst::MessageView::Error(e) = msg.view() {
+                return Err(format!("{}: {}", e.error(), e.debug().unwrap_or_default()));
+            }
+        }
+        Ok(())
+    };
+    let wait_for = |n: usize| -> Result<(), String> {
+        let (lock, cv) = &*done;
+        let mut got = lock.lock().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while *got < n {
+            let (g, _) = cv.wait_timeout(got, Duration::from_millis(200)).unwrap();
+            got = g;
+            if *got < n {
+                check_bus()?;
+                if Instant::now() > deadline {
+                    return Err("timed out".into());
+                }
+            }
+        }
+        Ok(())
+    };
+    let push = |i: usize| -> Result<(), String> {
+        let mut b = frames[i % frames.len()].copy();
+        {
+            let b = b.make_mut();
+            b.set_pts(frame_duration * i as u64);
+            b.set_duration(frame_duration);
+        }
+        let r = src.emit_by_name::<gst::FlowReturn>("push-buffer", &[&b]);
+        if r != gst::FlowReturn::Ok {
+            check_bus()?;
+            return Err(format!("push-buffer returned {r:?}"));
+        }
+        Ok(())
+    };
+    let result = (|| {
+        for i in 0..warmup {
+            push(i)?;
+        }
+        wait_for(warmup)?;
+        latencies.lock().unwrap().clear();
+        let start = Instant::now();
+        for i in warmup..warmup + count {
+            push(i)?;
+        }
+        wait_for(warmup + count)?;
+        let elapsed = start.elapsed().as_secs_f64();
+        let mut lat = latencies.lock().unwrap().clone();
+        lat.sort_by(|a, b| a.total_cmp(b));
+        let mut r = RunResult {
+            fps: count as f64 / elapsed,
+            p50_us: percentile(&lat, 50.0),
+            p99_us: percentile(&lat, 99.0),
+            ..Default::default()
+        };
+        if let Some(t) = &toon {
+            let s = t.property::<gst::Structure>("stats");
+            r.backend = s.get::<String>("backend").unwrap_or_default();
+            r.launches = s.get::<u32>("launches").unwrap_or(0);
+            r.arena_bytes = s.get::<u64>("arena-bytes").unwrap_or(0);
+            r.gpu_time_us = s.get::<f64>("gpu-time-us").unwrap_or(0.0);
+            r.graph_replayed = s.get::<bool>("graph-replayed").unwrap_or(false);
+        } else {
+            r.backend = "frei0r".into();
+        }
+        Ok(r)
+    })();
+    let _ = src.emit_by_name::<gst::FlowReturn>("end-of-stream", &[]);
+    pipeline.set_state(gst::State::Null).ok();
+    result
+}
+
+fn json_escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+fn main() {
+    let opts = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("{e}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(if e.is_empty() { 0 } else { 2 });
+        }
+    };
+    gst::init().expect("GStreamer init");
+    gsttoonflow::plugin_register_static().expect("register toonflow");
+    let cuda = gsttoonflow::cuda::probe(0);
+    let frei0r = gst::ElementFactory::find("frei0r-filter-cartoon").is_some();
+    let device = match &cuda {
+        Ok(name) => name.clone(),
+        Err(e) => format!("no CUDA ({e})"),
+    };
+    let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "toonflow-bench: device: {device}; host: {host} cores; frames of real content (4 photos, plain and noised)"
+    );
+    println!(
+        "{:<10} {:<11} {:<5} {:>10} {:>10} {:>10} {:>9} {:>10} {:>10} {:>6}",
+        "size",
+        "mode",
+        "prec",
+        "fps",
+        "p50 µs",
+        "p99 µs",
+        "launches",
+        "arena MB",
+        "gpu µs",
+        "graph"
+    );
+    let mut rows = Vec::new();
+    for (w, h, label) in &opts.sizes {
+        let frames = match make_frames(*w, *h) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("{label}: {e}");
+                continue;
+            }
+        };
+        for mode in &opts.modes {
+            let configs: Vec<(String, String)> = match mode.as_str() {
+                "cpu" => vec![("fp32".into(), "toonflow name=t backend=cpu".into())],
+                "frei0r" if frei0r => vec![(
+                    "-".into(),
+                    "videoconvert ! video/x-raw,format=BGRA ! frei0r-filter-cartoon ! videoconvert ! video/x-raw,format=NV12"
+                        .into(),
+                )],
+                "frei0r" => {
+                    println!("{label:<10} {mode:<11} skipped: frei0r-filter-cartoon not installed");
+                    continue;
+                }
+                "cuda-eager" | "cuda-graph" if cuda.is_err() => {
+                    println!("{label:<10} {mode:<11} skipped: no CUDA device");
+                    continue;
+                }
+                "cuda-eager" | "cuda-graph" => opts
+                    .precisions
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.clone(),
+                            format!("toonflow name=t backend=cuda precision={p} cuda-graph={}", mode == "cuda-graph"),
+                        )
+                    })
+                    .collect(),
+                other => {
+                    eprintln!("unknown mode {other}");
+                    continue;
+                }
+            };
+            for (precision, filter) in configs {
+                let slow = mode == "cpu" || mode == "frei0r";
+                let count = match mode.as_str() {
+                    "cpu" => opts.cpu_frames.max(2),
+                    "frei0r" => 10 * opts.cpu_frames.max(2),
+                    _ => opts.frames,
+                };
+                let warmup = if slow { 1 } else { 50 };
+                let runs: Vec<RunResult> = (0..opts.reps.max(1))
+                    .map_while(
+                        |_| match run_once(&filter, *w, *h, &frames, warmup, count) {
+                            Ok(r) => Some(r),
+                            Err(e) => {
+                                println!("{label:<10} {mode:<11} {precision:<5} failed: {e}");
+                                None
+                            }
+                        },
+                    )
+                    .collect();
+                if runs.is_empty() {
+                    continue;
+                }
+                let fps = median(runs.iter().map(|r| r.fps).collect());
+                let p50 = median(runs.iter().map(|r| r.p50_us).collect());
+                let p99 = median(runs.iter().map(|r| r.p99_us).collect());
+                let gpu = median(runs.iter().map(|r| r.gpu_time_us).collect());
+                let last = runs.last().unwrap();
+                println!(
+                    "{:<10} {:<11} {:<5} {:>10.1} {:>10.0} {:>10.0} {:>9} {:>10.1} {:>10.1} {:>6}",
+                    label,
+                    mode,
+                    precision,
+                    fps,
+                    p50,
+                    p99,
+                    last.launches,
+                    last.arena_bytes as f64 / 1e6,
+                    gpu,
+                    last.graph_replayed
+                );
+                rows.push(format!(
+                    "{{\"size\":\"{}\",\"width\":{w},\"height\":{h},\"mode\":\"{}\",\"precision\":\"{}\",\"fps_median\":{fps:.3},\
+                     \"fps_runs\":[{}],\"latency_p50_us\":{p50:.1},\"latency_p99_us\":{p99:.1},\"launches\":{},\
+                     \"arena_bytes\":{},\"gpu_time_us\":{gpu:.2},\"graph_replayed\":{},\"frames_per_run\":{count},\"runs\":{}}}",
+                    json_escape(label),
+                    json_escape(mode),
+                    json_escape(&precision),
+                    runs.iter().map(|r| format!("{:.3}", r.fps)).collect::<Vec<_>>().join(","),
+                    last.launches,
+                    last.arena_bytes,
+                    last.graph_replayed,
+                    runs.len()
+                ));
+            }
+        }
+    }
+    let json = format!(
+        "{{\"device\":\"{}\",\"host_cores\":{host},\"results\":[{}]}}",
+        json_escape(&device),
+        rows.join(",")
+    );
+    match &opts.json {
+        Some(path) => {
+            if let Err(e) = std::fs::write(path, &json) {
+                eprintln!("cannot write {}: {e}", path.display());
+                std::process::exit(1);
+            }
+        }
+        None => println!("{json}"),
+    }
+    if rows.is_empty() {
+        eprintln!("no configuration ran");
+        std::process::exit(1);
+    }
+}
