@@ -12,6 +12,7 @@ use gst_video::prelude::*;
 use gst_video::subclass::prelude::*;
 use parking_lot::Mutex;
 
+use super::pool::PinnedPool;
 use super::settings::{BackendChoice, PrecisionChoice, Settings};
 use crate::cuda::{self, CudaError, CudaPipeline, GpuFrameStats};
 use crate::pipeline::cpu::{CpuPipeline, FrameReport};
@@ -561,6 +562,65 @@ impl BaseTransformImpl for Toonflow {
         *self.state.lock() = None;
         *self.active.lock() = None;
         Ok(())
+    }
+
+    fn propose_allocation(
+        &self,
+        decide_query: Option<&gst::query::Allocation>,
+        query: &mut gst::query::Allocation,
+    ) -> Result<(), gst::LoggableError> {
+        self.parent_propose_allocation(decide_query, query)?;
+        query.add_allocation_meta::<gst_video::VideoMeta>(None);
+        let Some(Active::Cuda { device_id }) = *self.active.lock() else {
+            return Ok(());
+        };
+        let (caps, need_pool) = query.get_owned();
+        if let (Some(caps), true) = (caps, need_pool) {
+            // Upstream that writes into these buffers saves the upload a staging copy.
+            match PinnedPool::configured(device_id as usize, &caps, 2, 0) {
+                Ok((pool, size)) => {
+                    gst::debug!(
+                        CAT,
+                        imp = self,
+                        "offering upstream a pinned pool of {size}-byte buffers"
+                    );
+                    query.add_allocation_pool(Some(&pool), size, 2, 0);
+                }
+                Err(e) => gst::warning!(CAT, imp = self, "no pinned pool for upstream: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    fn decide_allocation(
+        &self,
+        query: &mut gst::query::Allocation,
+    ) -> Result<(), gst::LoggableError> {
+        if let Some(Active::Cuda { device_id }) = *self.active.lock()
+            && let (Some(caps), _) = query.get_owned()
+        {
+            let min = query.allocation_pools().next().map_or(2, |p| p.2.max(2));
+            match PinnedPool::configured(device_id as usize, &caps, min, 0) {
+                Ok((pool, size)) => {
+                    gst::debug!(
+                        CAT,
+                        imp = self,
+                        "output buffers from a pinned pool ({size} bytes, min {min})"
+                    );
+                    if query.allocation_pools().len() == 0 {
+                        query.add_allocation_pool(Some(&pool), size, min, 0);
+                    } else {
+                        query.set_nth_allocation_pool(0, Some(&pool), size, min, 0);
+                    }
+                }
+                Err(e) => gst::warning!(
+                    CAT,
+                    imp = self,
+                    "no pinned output pool, downloads go through pageable memory: {e}"
+                ),
+            }
+        }
+        self.parent_decide_allocation(query)
     }
 
     fn sink_event(&self, event: gst::Event) -> bool {

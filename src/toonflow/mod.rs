@@ -4,6 +4,7 @@ use gst::glib;
 use gst::prelude::*;
 
 mod imp;
+mod pool;
 mod settings;
 
 pub use settings::{BackendChoice, PrecisionChoice};
