@@ -7,7 +7,6 @@ mod common;
 use common::*;
 use gst::glib;
 use gst::prelude::*;
-use gst_video::prelude::*;
 
 fn backend() -> String {
     std::env::var("TOONFLOW_TEST_BACKEND").unwrap_or_else(|_| "cpu".into())
