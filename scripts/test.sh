@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test command of the README and of CI: formatting, lints, release build, every test
+# (unit, element, pipelines/, the RTMP relay through a local nginx, the meson-built C sample),
+# then the benchmark smoke test. Installs missing Debian packages first (sudo when not root).
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+cd "$ROOT"
+ensure_deps
+
+start=$(date +%s)
+set -x
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
+cargo build --release
+cargo test --release
+# Benchmark smoke test (the toonflow-bench binary; skipped while it does not exist yet).
+if cargo run --release --quiet --bin toonflow-bench -- --help >/dev/null 2>&1; then
+  cargo run --release --bin toonflow-bench -- --quick # BENCH: adjust arguments here
+fi
+set +x
+echo "scripts/test.sh: all passed in $(($(date +%s) - start)) s"
