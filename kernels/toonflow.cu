@@ -11,11 +11,13 @@
 //   memset(stats)             thumbnail block sums + histogram to zero (a memset node, no kernel)
 //   tf_unpack                 NV12 -> L, UV planes; thumbnail block sums; histogram
 //   tf_analyze                scene score, cut decision, ring bookkeeping, auto-levels (1 block)
-//   tf_bilateral_x / _y       per iteration, luma and chroma in one launch each; the x pass of
-//                             iteration k+1 also computes the DoG x pass when edge_iteration == k
+//   tf_bilateral_x / _y       edge_iteration iterations, luma and chroma in one launch each
+//   tf_temporal               temporal filter of the features in place, ring push (skipped
+//                             when the ring has no slot)
+//   tf_bilateral_x / _y       the remaining iterations; the first x pass after the temporal
+//                             filter also computes the DoG x pass of the filtered luma
 //   tf_dog_x                  only when edge_iteration == bilateral_iterations
-//   tf_final                  DoG y pass, temporal filter, ring push, levels, quantize, compose,
-//                             pack NV12
+//   tf_final                  DoG y pass, levels, quantize, compose, pack NV12
 // Nothing here depends on values the host reads back: ring slots and the cut decision live in
 // TfState / TfFrame, so the whole sequence can be captured into a CUDA graph and replayed.
 
@@ -414,13 +416,12 @@ extern "C" __global__ void tf_dog_x(const ToonParams* __restrict__ p, const tf_s
 }
 
 // ---------------------------------------------------------------------------------------------
-// 4-6. DoG y pass + edge factor, temporal filter, ring push, auto-levels, quantize, compose and
-// pack. One thread per chroma sample (its 2x2 luma block), block 32x8.
-extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
-                                    const tf_store* __restrict__ L, const tf_store* __restrict__ UV,
-                                    const float* __restrict__ dog1, const float* __restrict__ dog2,
-                                    tf_store* __restrict__ ring, long slot_elems, long slot_luma_elems,
-                                    unsigned char* __restrict__ out)
+// 3b. Temporal filter of the features, in place, and the ring push of the raw features. One thread
+// per chroma sample (its 2x2 luma block), block 32x8. Each thread reads a pixel's history before
+// it overwrites that pixel's push slot, so the oldest entry can be reused in the same launch.
+extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
+                                       tf_store* __restrict__ L, tf_store* __restrict__ UV,
+                                       tf_store* __restrict__ ring, long slot_elems, long slot_luma_elems)
 {
     const int W = p->width, H = p->height;
     const int cw = p->chroma_width, ch = p->chroma_height;
@@ -429,33 +430,15 @@ extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFr
     if (cx >= cw || cy >= ch) return;
     const int used = fr->history_used;
     const int push = fr->push_slot;
-    const int use_levels = (p->auto_levels != 0) && (fr->levels_valid != 0);
-    const float black = fr->black, white = fr->white;
     const float ts = p->temporal_strength;
     const float mc = p->motion_coeff;
-    const int er = p->edge_radius;
 
-    float emin = 0.0f;
     for (int dy = 0; dy < 2; ++dy) {
         const int y = 2 * cy + dy;
+        if (y >= H) break;
         for (int dx = 0; dx < 2; ++dx) {
             const int x = 2 * cx + dx;
-            // DoG y pass: both Gaussians, each normalised by its own weight sum.
-            float s1 = 0.0f, n1 = 0.0f, s2 = 0.0f, n2 = 0.0f;
-            for (int j = -er; j <= er; ++j) {
-                const long i = (long)tf_clampi(y + j, 0, H - 1) * W + x;
-                const int aj = j < 0 ? -j : j;
-                const float a = p->edge_gauss1[aj];
-                const float b = p->edge_gauss2[aj];
-                s1 += a * dog1[i];
-                n1 += a;
-                s2 += b * dog2[i];
-                n2 += b;
-            }
-            const float e = tf_edge_factor(s1 / n1, s2 / n2, p);
-            emin = (dx == 0 && dy == 0) ? e : fminf(emin, e);
-
-            // Temporal filter against the ring, newest first.
+            if (x >= W) break;
             const long idx = (long)y * W + x;
             const float f0 = tf_ld(L, idx);
             float acc = f0, wsum = 1.0f, sk = 1.0f;
@@ -467,11 +450,8 @@ extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFr
                 acc += w * fk;
                 wsum += w;
             }
-            float l = acc / wsum;
             if (push >= 0) tf_st(ring + (long)push * slot_elems, idx, f0);
-            if (use_levels) l = fminf(fmaxf((l - black) * (100.0f / (white - black)), 0.0f), 100.0f);
-            const float lq = tf_quantize(l, p->levels, p->level_sharpness);
-            out[idx] = tf_pack_luma(lq, e);
+            tf_st(L, idx, acc / wsum);
         }
     }
 
@@ -494,8 +474,58 @@ extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFr
         tf_st(slot, c0, u0);
         tf_st(slot, c0 + 1, v0);
     }
+    tf_st(UV, c0, au / wsum);
+    tf_st(UV, c0 + 1, av / wsum);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4-6. DoG y pass + edge factor, auto-levels, quantize, compose and pack. One thread per chroma
+// sample (its 2x2 luma block), block 32x8.
+extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
+                                    const tf_store* __restrict__ L, const tf_store* __restrict__ UV,
+                                    const float* __restrict__ dog1, const float* __restrict__ dog2,
+                                    unsigned char* __restrict__ out)
+{
+    const int W = p->width, H = p->height;
+    const int cw = p->chroma_width, ch = p->chroma_height;
+    const int cx = blockIdx.x * blockDim.x + threadIdx.x;
+    const int cy = blockIdx.y * blockDim.y + threadIdx.y;
+    if (cx >= cw || cy >= ch) return;
+    const int use_levels = (p->auto_levels != 0) && (fr->levels_valid != 0);
+    const float black = fr->black, white = fr->white;
+    const int er = p->edge_radius;
+
+    float emin = 0.0f;
+    for (int dy = 0; dy < 2; ++dy) {
+        const int y = 2 * cy + dy;
+        for (int dx = 0; dx < 2; ++dx) {
+            const int x = 2 * cx + dx;
+            // DoG y pass: both Gaussians, each normalised by its own weight sum.
+            float s1 = 0.0f, n1 = 0.0f, s2 = 0.0f, n2 = 0.0f;
+            for (int j = -er; j <= er; ++j) {
+                const long i = (long)tf_clampi(y + j, 0, H - 1) * W + x;
+                const int aj = j < 0 ? -j : j;
+                const float a = p->edge_gauss1[aj];
+                const float b = p->edge_gauss2[aj];
+                s1 += a * dog1[i];
+                n1 += a;
+                s2 += b * dog2[i];
+                n2 += b;
+            }
+            const float e = tf_edge_factor(s1 / n1, s2 / n2, p);
+            emin = (dx == 0 && dy == 0) ? e : fminf(emin, e);
+
+            const long idx = (long)y * W + x;
+            float l = tf_ld(L, idx);
+            if (use_levels) l = fminf(fmaxf((l - black) * (100.0f / (white - black)), 0.0f), 100.0f);
+            const float lq = tf_quantize(l, p->levels, p->level_sharpness);
+            out[idx] = tf_pack_luma(lq, e);
+        }
+    }
+
+    const long c0 = 2L * ((long)cy * cw + cx);
     const float sat = p->saturation;
     unsigned char* uvo = out + (long)H * W + (long)cy * W + 2 * cx;
-    uvo[0] = tf_pack_chroma(au / wsum, sat, emin);
-    uvo[1] = tf_pack_chroma(av / wsum, sat, emin);
+    uvo[0] = tf_pack_chroma(tf_ld(UV, c0), sat, emin);
+    uvo[1] = tf_pack_chroma(tf_ld(UV, c0 + 1), sat, emin);
 }

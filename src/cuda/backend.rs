@@ -164,11 +164,30 @@ const HOST_CONTROL: usize = CONTROL_OFFSET as usize;
 const HOST_FRAME: usize = 1024;
 const HOST_BYTES: usize = HOST_FRAME + FRAME_BLOCK_BYTES as usize;
 
-/// What a captured graph depends on: the shape, and whether the DoG needs its own pass.
+/// What a captured graph depends on: the shape, and the bilateral iteration after which the
+/// temporal filter and the edges run (it fixes the order of the launches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GraphKey {
     pub shape: Shape,
-    pub edge_at_end: bool,
+    pub edge_iteration: u32,
+}
+
+impl GraphKey {
+    fn iterations(&self) -> u32 {
+        self.shape.bilateral_iterations.min(MAX_ITERATIONS)
+    }
+    fn has_ring(&self) -> bool {
+        self.shape.temporal_history.min(MAX_HISTORY) > 0
+    }
+    /// The DoG x pass needs its own launch when no bilateral x pass follows the edge iteration.
+    fn edge_at_end(&self) -> bool {
+        self.edge_iteration == self.iterations()
+    }
+    /// Kernel launches of a frame: unpack, analyze, 2 per iteration, the temporal filter when
+    /// there is a ring, the stand-alone DoG x pass when needed, final.
+    pub fn launches(&self) -> u32 {
+        3 + 2 * self.iterations() + self.has_ring() as u32 + self.edge_at_end() as u32
+    }
 }
 
 impl std::fmt::Display for GraphKey {
@@ -176,14 +195,14 @@ impl std::fmt::Display for GraphKey {
         let s = &self.shape;
         write!(
             f,
-            "{}x{} {:?} iterations {} history {} auto-levels {} edges-at-end {}",
+            "{}x{} {:?} iterations {} history {} auto-levels {} edge-iteration {}",
             s.width,
             s.height,
             s.precision,
             s.bilateral_iterations,
             s.temporal_history,
             s.auto_levels,
-            self.edge_at_end
+            self.edge_iteration
         )
     }
 }
@@ -430,8 +449,7 @@ impl CudaPipeline {
 
     /// Kernel launches a frame with these parameters takes.
     pub fn launches_per_frame(&self, params: &ToonParams) -> u32 {
-        let n = self.iterations();
-        3 + 2 * n + self.edge_at_end(params) as u32
+        self.graph_key(params).launches()
     }
 
     /// Switches graph replay on or off (cuda-graph property).
@@ -461,8 +479,11 @@ impl CudaPipeline {
         self.shape.temporal_history.min(MAX_HISTORY)
     }
 
-    fn edge_at_end(&self, params: &ToonParams) -> bool {
-        params.edge_iteration.clamp(0, self.iterations() as i32) == self.iterations() as i32
+    fn graph_key(&self, params: &ToonParams) -> GraphKey {
+        GraphKey {
+            shape: self.shape,
+            edge_iteration: params.edge_iteration.clamp(0, self.iterations() as i32) as u32,
+        }
     }
 
     pub fn process(
@@ -580,10 +601,7 @@ impl CudaPipeline {
         }
         self.events[1].record(&s).map_err(drv("cuEventRecord"))?;
 
-        let key = GraphKey {
-            shape: self.shape,
-            edge_at_end: self.edge_at_end(params),
-        };
+        let key = self.graph_key(params);
         let replayed = self.run_frame(&key)?;
 
         self.events[2].record(&s).map_err(drv("cuEventRecord"))?;
@@ -684,7 +702,7 @@ impl CudaPipeline {
                         self.log.push(PipelineEvent::GraphCaptured {
                             key: key.to_string(),
                             capture_us,
-                            launches: 3 + 2 * self.iterations() + key.edge_at_end as u32,
+                            launches: key.launches(),
                         });
                         if let Some((old, _)) = self.cache.insert(*key, graph) {
                             self.log.push(PipelineEvent::GraphEvicted {
@@ -768,8 +786,31 @@ impl CudaPipeline {
                 .arg(&capacity)
                 .launch(cfg(1, 1, 256, 1))
                 .map_err(drv("tf_analyze"))?;
+            let luma_elems = (w as i64) * (h as i64);
+            let slot_elems = luma_elems + 2 * (cw as i64) * (ch as i64);
+            // The temporal filter runs on the features after `edge_iteration` iterations; the
+            // x pass that follows it (or tf_dog_x) takes the DoG x pass of the filtered luma.
+            let temporal = || {
+                if !key.has_ring() {
+                    return Ok(());
+                }
+                s.launch_builder(&k.temporal)
+                    .arg(&p.params)
+                    .arg(&p.frame)
+                    .arg(&p.feat_l)
+                    .arg(&p.feat_uv)
+                    .arg(&p.ring)
+                    .arg(&slot_elems)
+                    .arg(&luma_elems)
+                    .launch(tile)
+                    .map(|_| ())
+                    .map_err(drv("tf_temporal"))
+            };
             let iters: Vec<i32> = (0..n as i32).collect();
             for it in &iters {
+                if *it as u32 == key.edge_iteration {
+                    temporal()?;
+                }
                 s.launch_builder(&k.bilateral_x)
                     .arg(&p.params)
                     .arg(&p.feat_l)
@@ -792,7 +833,8 @@ impl CudaPipeline {
                     .launch(bil)
                     .map_err(drv("tf_bilateral_y"))?;
             }
-            if key.edge_at_end {
+            if key.edge_at_end() {
+                temporal()?;
                 s.launch_builder(&k.dog_x)
                     .arg(&p.params)
                     .arg(&p.feat_l)
@@ -801,8 +843,6 @@ impl CudaPipeline {
                     .launch(cfg(w.div_ceil(64), h.div_ceil(4), 64, 4))
                     .map_err(drv("tf_dog_x"))?;
             }
-            let luma_elems = (w as i64) * (h as i64);
-            let slot_elems = luma_elems + 2 * (cw as i64) * (ch as i64);
             s.launch_builder(&k.final_)
                 .arg(&p.params)
                 .arg(&p.frame)
@@ -810,9 +850,6 @@ impl CudaPipeline {
                 .arg(&p.feat_uv)
                 .arg(&p.dog1)
                 .arg(&p.dog2)
-                .arg(&p.ring)
-                .arg(&slot_elems)
-                .arg(&luma_elems)
                 .arg(&p.nv12_out)
                 .launch(tile)
                 .map_err(drv("tf_final"))?;

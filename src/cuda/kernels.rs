@@ -19,11 +19,12 @@ pub const KERNEL_SOURCE: &str = include_str!("../../kernels/toonflow.cu");
 pub const PARAMS_HEADER: &str = include_str!("../../kernels/toonflow_params.cuh");
 
 /// Names of the kernels in `toonflow.cu`.
-pub const KERNEL_NAMES: [&str; 6] = [
+pub const KERNEL_NAMES: [&str; 7] = [
     "tf_unpack",
     "tf_analyze",
     "tf_bilateral_x",
     "tf_bilateral_y",
+    "tf_temporal",
     "tf_dog_x",
     "tf_final",
 ];
@@ -35,6 +36,7 @@ pub struct Kernels {
     pub analyze: CudaFunction,
     pub bilateral_x: CudaFunction,
     pub bilateral_y: CudaFunction,
+    pub temporal: CudaFunction,
     pub dog_x: CudaFunction,
     pub final_: CudaFunction,
     /// Milliseconds NVRTC took (0 when the PTX came from the cache).
@@ -118,6 +120,7 @@ pub fn kernels(ctx: &Arc<CudaContext>, precision: Precision) -> Result<Arc<Kerne
             analyze: f("tf_analyze")?,
             bilateral_x: f("tf_bilateral_x")?,
             bilateral_y: f("tf_bilateral_y")?,
+            temporal: f("tf_temporal")?,
             dog_x: f("tf_dog_x")?,
             final_: f("tf_final")?,
             compile_ms,
