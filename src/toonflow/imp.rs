@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use super::pool::PinnedPool;
 use super::settings::{BackendChoice, PrecisionChoice, Settings};
-use crate::cuda::{self, CudaError, CudaPipeline, GpuFrameStats};
+use crate::cuda::{self, CudaError, CudaPipeline, GpuFrameStats, PipelineEvent};
 use crate::pipeline::cpu::{CpuPipeline, FrameReport};
 use crate::pipeline::params::{MAX_HISTORY, MAX_ITERATIONS};
 use crate::pipeline::stats::TimeWindow;
@@ -116,6 +116,8 @@ impl Stats {
             .field("p99-us", p99)
             .field("gpu-time-us", self.gpu.gpu_time_us)
             .field("transfer-time-us", self.gpu.transfer_time_us)
+            .field("upload-time-us", self.gpu.upload_time_us)
+            .field("download-time-us", self.gpu.download_time_us)
             .field("launches", self.gpu.launches)
             .field("graph-replayed", self.gpu.graph_replayed)
             .field("arena-bytes", self.gpu.arena_bytes)
@@ -167,8 +169,9 @@ impl Toonflow {
                     settings.max_device_memory,
                     settings.cuda_graph,
                 ) {
-                    Ok(p) => {
+                    Ok(mut p) => {
                         gst::info!(CAT, imp = self, "CUDA pipeline ready for {:?}", shape);
+                        self.log_cuda_events(&mut p);
                         Ok(Engine::Cuda(Box::new(p)))
                     }
                     Err(err @ CudaError::OutOfMemory(_)) => Err(gst::error_msg!(
@@ -220,7 +223,10 @@ impl Toonflow {
         match &mut state.engine {
             Engine::Cpu(p) => Ok((p.process(&state.params, input, output), None)),
             Engine::Cuda(p) => match p.process(&state.params, input, output) {
-                Ok(report) => Ok((report, Some(p.last_frame_stats()))),
+                Ok(report) => {
+                    self.log_cuda_events(p);
+                    Ok((report, Some(p.last_frame_stats())))
+                }
                 Err(err) => {
                     if self.settings.lock().backend == BackendChoice::Auto {
                         self.fall_back_to_cpu(&err);
@@ -239,6 +245,56 @@ impl Toonflow {
                     }
                 }
             },
+        }
+    }
+
+    /// Logs what the CUDA pipeline reported: plans, kernel builds, captures and their cost.
+    fn log_cuda_events(&self, pipeline: &mut CudaPipeline) {
+        for event in pipeline.take_events() {
+            match event {
+                PipelineEvent::Plan {
+                    text,
+                    arena_allocated,
+                } => {
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "memory plan (arena allocated: {arena_allocated}):\n{text}"
+                    )
+                }
+                PipelineEvent::KernelsReady {
+                    arch,
+                    precision,
+                    compile_ms,
+                } => {
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "kernels for {arch} {precision} ready (NVRTC {compile_ms:.1} ms)"
+                    )
+                }
+                PipelineEvent::GraphCaptured {
+                    key,
+                    capture_us,
+                    launches,
+                } => {
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "captured CUDA graph for {key}: {launches} launches, {capture_us:.0} µs"
+                    )
+                }
+                PipelineEvent::GraphCaptureFailed { key, reason } => {
+                    gst::warning!(
+                        CAT,
+                        imp = self,
+                        "graph capture failed for {key}, running eagerly: {reason}"
+                    )
+                }
+                PipelineEvent::GraphEvicted { key } => {
+                    gst::debug!(CAT, imp = self, "graph evicted: {key}")
+                }
+            }
         }
     }
 
@@ -668,6 +724,9 @@ impl BaseTransformImpl for Toonflow {
                 state.geometry.height as u32,
             );
             state.stage = settings.stage.clone();
+        }
+        if let Engine::Cuda(p) = &mut state.engine {
+            p.set_use_graph(settings.cuda_graph);
         }
         if inbuf.flags().contains(gst::BufferFlags::DISCONT) {
             gst::debug!(CAT, imp = self, "discont: temporal history dropped");
