@@ -62,7 +62,8 @@ pub fn full_source(precision: Precision) -> String {
     format!("#define TF_FP16 {fp16}\n{body}")
 }
 
-fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaError> {
+/// Compiles the kernels to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
+pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaError> {
     if let Some(ptx) = PTX_CACHE.lock().get(&(arch.to_string(), precision)) {
         return Ok((ptx.clone(), 0.0));
     }
@@ -146,5 +147,36 @@ mod tests {
             assert!(s.contains(&format!("__global__ void {name}(")), "{name}");
         }
         assert!(full_source(Precision::Fp32).starts_with("#define TF_FP16 0"));
+    }
+}
+
+#[cfg(test)]
+mod nvrtc_tests {
+    use super::*;
+
+    /// NVRTC needs no GPU: where the library exists (a CUDA toolkit, or the nvidia-cuda-nvrtc
+    /// wheel on LD_LIBRARY_PATH) the kernels are compiled for Hopper in both precisions.
+    #[test]
+    fn kernels_compile_with_nvrtc_for_sm_90() {
+        if super::super::context::libraries_present().is_err() && !nvrtc_present() {
+            println!(
+                "skipped: NVRTC not found (install a CUDA toolkit to compile the kernels here)"
+            );
+            return;
+        }
+        for precision in [Precision::Fp16, Precision::Fp32] {
+            let (ptx, _) = compile("sm_90", precision).unwrap_or_else(|e| panic!("{e}"));
+            for name in KERNEL_NAMES {
+                assert!(
+                    ptx.contains(&format!(".entry {name}")),
+                    "{name} missing from the PTX"
+                );
+            }
+        }
+    }
+
+    fn nvrtc_present() -> bool {
+        std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
+            .unwrap_or(false)
     }
 }
