@@ -1,0 +1,34 @@
+#!/bin/bash
+# Runs the GPU checks and the benchmark on the H200 machine from the bundle (.gpu/).
+#   here:   ../shared/gpu/bundle.sh && tools/h200.sh --pack      (adds frei0r to the bundle)
+#   there:  source .gpu/env.sh && tools/h200.sh <step...>        steps: parity report element bench soak
+# Writes logs under $OUT when set.
+set -uo pipefail
+if [ "${1:-}" = "--pack" ]; then
+    mkdir -p .gpu/frei0r
+    cp /usr/lib/x86_64-linux-gnu/gstreamer-1.0/libgstfrei0r.so .gpu/gst/plugins/
+    cp /usr/lib/frei0r-1/cartoon.so .gpu/frei0r/
+    cp tools/h200.sh .gpu/
+    exit 0
+fi
+export FREI0R_PATH=$PWD/.gpu/frei0r
+export CARGO_MANIFEST_DIR=$PWD
+out=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+rc=0
+for step in "$@"; do
+    echo "=== $step"
+    case $step in
+        parity) for t in .gpu/tests/cuda_parity-*; do "$t" --nocapture --test-threads=1 2>&1 | tee -a "$out/parity.log" || rc=1; done ;;
+        report) for t in .gpu/tests/cuda_report-*; do "$t" --nocapture --test-threads=1 2>&1 | tee -a "$out/report.log" || rc=1; done ;;
+        element)
+            for t in .gpu/tests/launch-* .gpu/tests/element-* .gpu/tests/temporal-*; do "$t" 2>&1 | tail -3; done
+            TOONFLOW_TEST_BACKEND=cuda .gpu/tests/hardening-* --nocapture --skip soak 2>&1 | tee -a "$out/hardening.log" | grep -E "^test |RSS|result|panicked" || rc=1 ;;
+        soak) TOONFLOW_TEST_BACKEND=cuda .gpu/tests/hardening-* --nocapture soak 2>&1 | tee -a "$out/soak.log" | grep -E "soak|result|panicked" || rc=1 ;;
+        bench) .gpu/bin/toonflow-bench --sizes 720p,1080p,1440p,4k --modes cuda-eager,cuda-graph,frei0r \
+                   --precisions fp16,fp32 --frames 2000 --cpu-frames 10 --reps 3 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || rc=1 ;;
+        stats) gst-launch-1.0 -m videotestsrc num-buffers=300 ! video/x-raw,format=NV12,width=1920,height=1080 ! \
+                   toonflow stats-interval=100 ! fakesink 2>&1 | grep -E "toonflow-stats" | tail -2 ;;
+    esac
+done
+exit $rc
