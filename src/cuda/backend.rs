@@ -1,5 +1,6 @@
 //! [`CudaPipeline`]: one element instance's stream, arena, graph cache and temporal ring.
 
+use super::fault::{Fault, injected};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -365,6 +366,12 @@ impl CudaPipeline {
             self.arena = None;
             let ctx = self.ctx.clone();
             let (free, _) = memory_info(&ctx)?;
+            let alloc_fault = injected(Fault::Alloc);
+            let ask = if alloc_fault {
+                free.saturating_mul(4)
+            } else {
+                need
+            };
             if need > free {
                 return Err(CudaError::OutOfMemory(format!(
                     "the memory plan for {} needs {} bytes, the device has {} bytes free",
@@ -375,9 +382,9 @@ impl CudaPipeline {
             let arena = guard("cuMemAlloc", || {
                 ctx.bind_to_thread()
                     .map_err(failed("binding the context"))?;
-                let ptr = unsafe { result::malloc_sync(need as usize) }.map_err(|e| {
+                let ptr = unsafe { result::malloc_sync(ask as usize) }.map_err(|e| {
                     CudaError::OutOfMemory(format!(
-                        "cuMemAlloc of {need} bytes for the memory plan of {} failed: {e}",
+                        "cuMemAlloc of {ask} bytes for the memory plan of {} failed: {e}",
                         plan.label
                     ))
                 })?;
@@ -729,7 +736,12 @@ impl CudaPipeline {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| format!("cuStreamBeginCapture: {e}"))?;
-        let r = self.enqueue(key);
+        let mut r = self.enqueue(key);
+        if injected(Fault::Capture) && r.is_ok() {
+            r = self.stream.synchronize().map_err(drv(
+                "cuStreamSynchronize inside the capture (injected fault)",
+            ));
+        }
         let g = self
             .stream
             .end_capture(sys::CUgraphInstantiate_flags_enum(0));

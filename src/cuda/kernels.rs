@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 
 use super::CudaError;
 use super::context::{describe, failed, guard};
+use super::fault::{Fault, injected};
 use crate::pipeline::Precision;
 
 /// The kernel source and its header, embedded at build time.
@@ -64,7 +65,12 @@ pub fn full_source(precision: Precision) -> String {
 
 /// Compiles the kernels to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
 pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaError> {
-    if let Some(ptx) = PTX_CACHE.lock().get(&(arch.to_string(), precision)) {
+    let broken = injected(Fault::Compile);
+    if let Some(ptx) = PTX_CACHE
+        .lock()
+        .get(&(arch.to_string(), precision))
+        .filter(|_| !broken)
+    {
         return Ok((ptx.clone(), 0.0));
     }
     let start = Instant::now();
@@ -78,7 +84,10 @@ pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaEr
         name: Some("toonflow.cu".into()),
         ..Default::default()
     };
-    let src = full_source(precision);
+    let mut src = full_source(precision);
+    if broken {
+        src.push_str("\n#error \"fault injected by TOONFLOW_CUDA_FAULT=compile\"\n");
+    }
     let ptx = guard("NVRTC", || {
         cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| match e {
             CompileError::CompileError { nvrtc, log, .. } => CudaError::Failed(format!(
@@ -89,6 +98,9 @@ pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaEr
         })
     })?;
     let text = ptx.to_src();
+    if broken {
+        return Ok((text, 0.0));
+    }
     let ms = start.elapsed().as_secs_f64() * 1e3;
     PTX_CACHE
         .lock()
@@ -100,7 +112,7 @@ pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaEr
 pub fn kernels(ctx: &Arc<CudaContext>, precision: Precision) -> Result<Arc<Kernels>, CudaError> {
     let key = (ctx.ordinal(), precision);
     let mut modules = MODULES.lock();
-    if let Some(k) = modules.get(&key) {
+    if let Some(k) = modules.get(&key).filter(|_| !injected(Fault::Compile)) {
         return Ok(k.clone());
     }
     let (_, (major, minor)) = describe(ctx)?;

@@ -6,6 +6,7 @@
 
 mod backend;
 pub mod context;
+pub mod fault;
 pub mod graph;
 pub mod kernels;
 pub mod plan;

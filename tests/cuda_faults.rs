@@ -1,0 +1,123 @@
+//! Driver and memory faults on the GPU path: a kernel that fails to compile, a real allocation
+//! failure, a max-device-memory cap and a failed graph capture. Each must end in a clear error
+//! or a logged fallback, never a panic or a hung pipeline. Runs where a CUDA device exists;
+//! elsewhere each test says why it is skipped. Faults are injected with TOONFLOW_CUDA_FAULT
+//! (src/cuda/fault.rs), so the tests of this file switch it in turn inside one test.
+
+mod common;
+
+use common::*;
+use gst::prelude::*;
+
+fn set_fault(v: &str) {
+    // SAFETY: this file's single test runs its scenarios one after another on one thread.
+    unsafe { std::env::set_var("TOONFLOW_CUDA_FAULT", v) };
+}
+
+/// Runs `toonflow <props>` over 30 frames of 320x240; returns the bus messages and whether EOS
+/// was reached, and the element's stats.
+fn run(props: &str) -> (Vec<gst::Message>, bool, gst::Structure) {
+    init();
+    let p = gst::parse::launch(&format!(
+        "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240 ! \
+         toonflow name=t {props} ! fakesink"
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let bus = p.bus().unwrap();
+    let _ = p.set_state(gst::State::Playing);
+    let mut msgs = Vec::new();
+    let mut eos = false;
+    while let Some(m) = bus.timed_pop(gst::ClockTime::from_seconds(60)) {
+        let end = match m.view() {
+            gst::MessageView::Eos(_) => {
+                eos = true;
+                true
+            }
+            gst::MessageView::Error(_) => true,
+            _ => false,
+        };
+        msgs.push(m);
+        if end {
+            break;
+        }
+    }
+    let stats = p.by_name("t").unwrap().property::<gst::Structure>("stats");
+    p.set_state(gst::State::Null).unwrap();
+    (msgs, eos, stats)
+}
+
+fn texts(msgs: &[gst::Message], ty: gst::MessageType) -> Vec<String> {
+    msgs.iter()
+        .filter(|m| m.type_() == ty)
+        .map(|m| match m.view() {
+            gst::MessageView::Error(e) => format!("{} ({:?})", e.error(), e.debug()),
+            gst::MessageView::Warning(w) => format!("{} ({:?})", w.error(), w.debug()),
+            _ => String::new(),
+        })
+        .collect()
+}
+
+#[test]
+fn faults_give_clear_errors_or_logged_fallbacks() {
+    if let Err(e) = gsttoonflow::cuda::probe(0) {
+        println!("skipped: no CUDA device ({e})");
+        return;
+    }
+
+    // A kernel that fails to compile: backend=cuda fails with NVRTC's log, auto falls back.
+    set_fault("compile");
+    let (msgs, eos, _) = run("backend=cuda precision=fp32");
+    let errors = texts(&msgs, gst::MessageType::Error);
+    println!("compile fault, backend=cuda: {errors:?}");
+    assert!(
+        !eos && errors.iter().any(|e| e.contains("injected")),
+        "{errors:?}"
+    );
+    let (msgs, eos, stats) = run("backend=auto precision=fp32");
+    let warnings = texts(&msgs, gst::MessageType::Warning);
+    println!("compile fault, backend=auto: {warnings:?}");
+    assert!(eos, "auto must fall back and finish: {msgs:?}");
+    assert_eq!(stats.get::<String>("backend").unwrap(), "cpu");
+    assert!(warnings.iter().any(|w| w.contains("CPU reference")));
+
+    // A real allocation failure: cuMemAlloc of four times the free memory.
+    set_fault("alloc");
+    let (msgs, eos, _) = run("backend=cuda");
+    let errors = texts(&msgs, gst::MessageType::Error);
+    println!("allocation fault: {errors:?}");
+    assert!(
+        !eos && errors.iter().any(|e| e.contains("cuMemAlloc")),
+        "{errors:?}"
+    );
+
+    // The max-device-memory cap: a clear error at negotiation.
+    set_fault("");
+    let (msgs, eos, _) = run("backend=cuda max-device-memory=1000000");
+    let errors = texts(&msgs, gst::MessageType::Error);
+    println!("cap: {errors:?}");
+    assert!(
+        !eos && errors.iter().any(|e| e.contains("max-device-memory")),
+        "{errors:?}"
+    );
+
+    // A failed capture: frames keep flowing eagerly, with the same output.
+    let clean = {
+        set_fault("");
+        let (msgs, eos, stats) = run("backend=cuda cuda-graph=true");
+        assert!(eos, "{msgs:?}");
+        assert!(stats.get::<bool>("graph-replayed").unwrap(), "{stats}");
+        stats
+    };
+    set_fault("capture");
+    let (msgs, eos, stats) = run("backend=cuda cuda-graph=true");
+    set_fault("");
+    println!("capture fault: {stats}");
+    assert!(eos, "a failed capture must not stop the stream: {msgs:?}");
+    assert!(!stats.get::<bool>("graph-replayed").unwrap(), "{stats}");
+    assert_eq!(
+        stats.get::<u64>("frames").unwrap(),
+        clean.get::<u64>("frames").unwrap()
+    );
+}
