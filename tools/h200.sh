@@ -24,9 +24,10 @@ for step in "$@"; do
         element)
             for t in .gpu/tests/launch-* .gpu/tests/element-* .gpu/tests/temporal-*; do "$t" 2>&1 | tail -3; done
             TOONFLOW_TEST_BACKEND=cuda .gpu/tests/hardening-* --nocapture --skip soak 2>&1 | tee -a "$out/hardening.log" | grep -E "^test |RSS|result|panicked" || rc=1 ;;
+        faults) for t in .gpu/tests/cuda_faults-*; do "$t" --nocapture --test-threads=1 2>&1 | tee -a "$out/faults.log" || rc=1; done ;;
         soak) TOONFLOW_TEST_BACKEND=cuda .gpu/tests/hardening-* --nocapture soak 2>&1 | tee -a "$out/soak.log" | grep -E "soak|result|panicked" || rc=1 ;;
         bench) .gpu/bin/toonflow-bench --sizes 720p,1080p,1440p,4k --modes cuda-eager,cuda-graph,frei0r \
-                   --precisions fp16,fp32 --frames 2000 --cpu-frames 10 --reps 3 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || rc=1 ;;
+                   --precisions fp16,fp32 --frames 2000 --cpu-frames 3 --reps 3 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || rc=1 ;;
         stats) gst-launch-1.0 -m videotestsrc num-buffers=300 ! video/x-raw,format=NV12,width=1920,height=1080 ! \
                    toonflow stats-interval=100 ! fakesink 2>&1 | grep -E "toonflow-stats" | tail -2 ;;
     esac

@@ -870,6 +870,41 @@ impl CudaPipeline {
     }
 }
 
+/// A 2D copy between host and device rows (pitches may differ); every field set explicitly
+/// (the struct holds enums, so it must not be zero-initialised).
+#[allow(clippy::too_many_arguments)]
+fn memcpy_2d(
+    src_type: sys::CUmemorytype,
+    src_host: *const u8,
+    src_device: CUdeviceptr,
+    src_pitch: usize,
+    dst_type: sys::CUmemorytype,
+    dst_host: *mut u8,
+    dst_device: CUdeviceptr,
+    dst_pitch: usize,
+    width: usize,
+    rows: usize,
+) -> sys::CUDA_MEMCPY2D {
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: src_type,
+        srcHost: src_host as *const _,
+        srcDevice: src_device,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: dst_type,
+        dstHost: dst_host as *mut _,
+        dstDevice: dst_device,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: rows,
+    }
+}
+
 unsafe fn copy_2d_h2d(
     stream: sys::CUstream,
     src: *const u8,
@@ -879,15 +914,19 @@ unsafe fn copy_2d_h2d(
     width: usize,
     rows: usize,
 ) -> Result<(), DriverError> {
-    let mut c: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-    c.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
-    c.srcHost = src as *const _;
-    c.srcPitch = src_pitch;
-    c.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    c.dstDevice = dst;
-    c.dstPitch = dst_pitch;
-    c.WidthInBytes = width;
-    c.Height = rows;
+    use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
+    let c = memcpy_2d(
+        CU_MEMORYTYPE_HOST,
+        src,
+        0,
+        src_pitch,
+        CU_MEMORYTYPE_DEVICE,
+        std::ptr::null_mut(),
+        dst,
+        dst_pitch,
+        width,
+        rows,
+    );
     unsafe { sys::cuMemcpy2DAsync_v2(&c, stream).result() }
 }
 
@@ -900,14 +939,18 @@ unsafe fn copy_2d_d2h(
     width: usize,
     rows: usize,
 ) -> Result<(), DriverError> {
-    let mut c: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-    c.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    c.srcDevice = src;
-    c.srcPitch = src_pitch;
-    c.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
-    c.dstHost = dst as *mut _;
-    c.dstPitch = dst_pitch;
-    c.WidthInBytes = width;
-    c.Height = rows;
+    use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
+    let c = memcpy_2d(
+        CU_MEMORYTYPE_DEVICE,
+        std::ptr::null(),
+        src,
+        src_pitch,
+        CU_MEMORYTYPE_HOST,
+        dst,
+        0,
+        dst_pitch,
+        width,
+        rows,
+    );
     unsafe { sys::cuMemcpy2DAsync_v2(&c, stream).result() }
 }
