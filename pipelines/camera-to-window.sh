@@ -3,7 +3,7 @@
 #
 # Needs: gstreamer1.0-tools, -plugins-base, -plugins-good (v4l2src, jpegdec, autovideosink),
 #        a camera at /dev/video0 (or DEVICE) and a display; the toonflow plugin on
-#        GST_PLUGIN_PATH (this script adds the repository's target/release when it exists).
+#        GST_PLUGIN_PATH (when that is unset, this script uses the repository's target/release).
 # Cameras give YUY2, MJPEG or NV12: decodebin decodes MJPEG, videoconvert makes NV12.
 # Environment: DEVICE (default /dev/video0), WIDTH/HEIGHT processed size (default 640x480),
 #              TOONFLOW extra element properties, NUM_BUFFERS stop after that many frames,
@@ -11,8 +11,8 @@
 #              source (e.g. SOURCE="videotestsrc is-live=true").
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-[[ -f $here/target/release/libgsttoonflow.so ]] &&
-  export GST_PLUGIN_PATH="$here/target/release${GST_PLUGIN_PATH:+:$GST_PLUGIN_PATH}"
+[[ -z ${GST_PLUGIN_PATH:-} && -f $here/target/release/libgsttoonflow.so ]] &&
+  export GST_PLUGIN_PATH="$here/target/release"
 
 source=${SOURCE:-v4l2src device=${DEVICE:-/dev/video0}}
 # shellcheck disable=SC2086 # SOURCE, TOONFLOW and SINK are lists of words

@@ -11,9 +11,9 @@
 #       stops at once on Ctrl-C; rtmpsrc does neither (it blocks in recv() until its timeout).
 # Needs: gstreamer1.0-tools, -plugins-base/-good (flvdemux, flvmux), -plugins-bad (rtmp2src,
 #        rtmp2sink), -libav (H.264 decoder), -plugins-ugly (x264enc); the toonflow plugin on
-#        GST_PLUGIN_PATH (this script adds the repository's target/release when it exists).
+#        GST_PLUGIN_PATH (when that is unset, this script uses the repository's target/release).
 # Waits for the publisher if it has not started yet; ends (EOS, exit 0) when the publisher
-# stops, or on Ctrl-C.
+# stops, or on Ctrl-C (exit status 1 when no stream had started).
 # Environment: WIDTH/HEIGHT scale before stylizing (default: keep the size),
 #              TOONFLOW extra element properties, BITRATE kbit/s (default 4000),
 #              KEYINT keyframe interval in frames (default 60).
@@ -24,8 +24,8 @@ if (($# != 2)); then
 fi
 in=$1 out=$2
 here=$(cd "$(dirname "$0")/.." && pwd)
-[[ -f $here/target/release/libgsttoonflow.so ]] &&
-  export GST_PLUGIN_PATH="$here/target/release${GST_PLUGIN_PATH:+:$GST_PLUGIN_PATH}"
+[[ -z ${GST_PLUGIN_PATH:-} && -f $here/target/release/libgsttoonflow.so ]] &&
+  export GST_PLUGIN_PATH="$here/target/release"
 
 size=${WIDTH:+,width=$WIDTH}${HEIGHT:+,height=$HEIGHT}
 

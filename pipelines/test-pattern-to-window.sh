@@ -2,15 +2,15 @@
 # test-pattern-to-window.sh — a moving test pattern, stylized by toonflow, in a window.
 #
 # Needs: gstreamer1.0-tools, -plugins-base (videotestsrc, videoconvert), -plugins-good
-#        (autovideosink) and a display; the toonflow plugin on GST_PLUGIN_PATH (this script adds
-#        the repository's target/release when it exists).
+#        (autovideosink) and a display; the toonflow plugin on GST_PLUGIN_PATH (when that is unset, this
+#        script uses the repository's target/release).
 # Environment: PATTERN videotestsrc pattern (default ball), WIDTH/HEIGHT (default 640x360),
 #              TOONFLOW extra element properties, NUM_BUFFERS stop after that many frames,
 #              SINK the sink (default autovideosink; SINK=fakesink runs without a display).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-[[ -f $here/target/release/libgsttoonflow.so ]] &&
-  export GST_PLUGIN_PATH="$here/target/release${GST_PLUGIN_PATH:+:$GST_PLUGIN_PATH}"
+[[ -z ${GST_PLUGIN_PATH:-} && -f $here/target/release/libgsttoonflow.so ]] &&
+  export GST_PLUGIN_PATH="$here/target/release"
 
 # shellcheck disable=SC2086 # TOONFLOW and SINK are lists of words
 exec gst-launch-1.0 -e \
