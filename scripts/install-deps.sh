@@ -13,6 +13,8 @@ PACKAGES=(
   # run time: gst-launch/gst-inspect and the elements pipelines/ and the tests use
   gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good
   gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav
+  # textoverlay (the demo's labels) and X11 video sinks for the window pipelines
+  gstreamer1.0-x
   # frei0r's cartoon filter, the speed peer of the benchmark
   frei0r-plugins
   # the local RTMP server of the relay test
