@@ -123,10 +123,10 @@ fn gray_frames(description: &str) -> Vec<Vec<u8>> {
     let bus = pipeline.bus().unwrap();
     let err = bus.pop_filtered(&[gst::MessageType::Error]);
     pipeline.set_state(gst::State::Null).unwrap();
-    if let Some(msg) = err {
-        if let gst::MessageView::Error(e) = msg.view() {
-            panic!("{description}: {} {:?}", e.error(), e.debug());
-        }
+    if let Some(msg) = err
+        && let gst::MessageView::Error(e) = msg.view()
+    {
+        panic!("{description}: {} {:?}", e.error(), e.debug());
     }
     frames
 }
