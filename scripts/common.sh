@@ -9,24 +9,32 @@ ensure_deps() {
   if ! "$ROOT/scripts/install-deps.sh" --check 2>/dev/null; then
     if [[ $(id -u) -eq 0 ]]; then
       "$ROOT/scripts/install-deps.sh"
-    else
+    elif command -v sudo >/dev/null; then
       echo "Installing missing Debian packages (sudo apt-get) ..."
       sudo "$ROOT/scripts/install-deps.sh"
+    else
+      echo "Missing Debian packages and no sudo: run $ROOT/scripts/install-deps.sh as root first" >&2
+      exit 1
     fi
   fi
   if ! command -v cargo >/dev/null; then
-    # sudo drops the user's PATH; look where rustup puts cargo
-    for d in "${CARGO_HOME:-}" "$HOME/.cargo" "${SUDO_USER:+/home/$SUDO_USER/.cargo}"; do
+    # a login shell that has not sourced ~/.cargo/env: look where rustup puts cargo
+    for d in "${CARGO_HOME:-}" "$HOME/.cargo"; do
       if [[ -n "$d" && -x "$d/bin/cargo" ]]; then
         export PATH="$d/bin:$PATH"
         break
       fi
     done
   fi
-  command -v cargo >/dev/null || {
-    echo "cargo not found: install Rust 1.95 or newer (https://rustup.rs)" >&2
+  if ! command -v cargo >/dev/null || ! cargo --version >/dev/null 2>&1; then
+    if [[ -n ${SUDO_USER:-} ]]; then
+      echo "cargo does not run as root here: run the script without sudo (it asks for sudo" \
+        "itself, only to install packages)" >&2
+    else
+      echo "cargo not found: install Rust 1.95 or newer (https://rustup.rs)" >&2
+    fi
     exit 1
-  }
+  fi
 }
 
 # Lets gst-launch-1.0 find the freshly built plugin.

@@ -225,8 +225,9 @@ struct Relay {
 
 impl Relay {
     fn interrupt(&self) {
-        let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
+        // bash's builtin kill: a minimal system may lack /bin/kill (procps)
+        let _ = Command::new("bash")
+            .args(["-c", &format!("kill -INT {}", self.child.id())])
             .status();
     }
 
