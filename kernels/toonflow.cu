@@ -23,6 +23,17 @@
 
 #include "toonflow_params.cuh"
 
+// Range and motion weights: __expf (the hardware ex2 with one multiply) unless the host asks for
+// the accurate expf (TOONFLOW_EXACT_MATH=1); the parity tests bound the difference.
+#ifndef TF_FAST_EXP
+#define TF_FAST_EXP 1
+#endif
+#if TF_FAST_EXP
+#define tf_exp(x) __expf(x)
+#else
+#define tf_exp(x) expf(x)
+#endif
+
 #ifndef TF_FP16
 #define TF_FP16 1
 #endif
@@ -318,7 +329,7 @@ extern "C" __global__ void tf_bilateral_x(const ToonParams* __restrict__ p, cons
         for (int j = -r; j <= r; ++j) {
             const float nb = tf_ld(row, tf_clampi(x + j, 0, W - 1));
             const float d = nb - c;
-            const float w = p->luma_spatial[j < 0 ? -j : j] * expf(rc * d * d);
+            const float w = p->luma_spatial[j < 0 ? -j : j] * tf_exp(rc * d * d);
             acc += w * nb;
             wsum += w;
         }
@@ -344,7 +355,7 @@ extern "C" __global__ void tf_bilateral_x(const ToonParams* __restrict__ p, cons
             const float u = tf_ld(row, 2 * xx), v = tf_ld(row, 2 * xx + 1);
             const float du = 100.0f * (u - cu);
             const float dv = 100.0f * (v - cv);
-            const float w = p->chroma_spatial[j < 0 ? -j : j] * expf(rc * (du * du + dv * dv));
+            const float w = p->chroma_spatial[j < 0 ? -j : j] * tf_exp(rc * (du * du + dv * dv));
             au += w * u;
             av += w * v;
             wsum += w;
@@ -371,7 +382,7 @@ extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, cons
         for (int j = -r; j <= r; ++j) {
             const float nb = tf_ld(L, (long)tf_clampi(y + j, 0, H - 1) * W + x);
             const float d = nb - c;
-            const float w = p->luma_spatial[j < 0 ? -j : j] * expf(rc * d * d);
+            const float w = p->luma_spatial[j < 0 ? -j : j] * tf_exp(rc * d * d);
             acc += w * nb;
             wsum += w;
         }
@@ -391,7 +402,7 @@ extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, cons
             const float u = tf_ld(UV, i), v = tf_ld(UV, i + 1);
             const float du = 100.0f * (u - cu);
             const float dv = 100.0f * (v - cv);
-            const float w = p->chroma_spatial[j < 0 ? -j : j] * expf(rc * (du * du + dv * dv));
+            const float w = p->chroma_spatial[j < 0 ? -j : j] * tf_exp(rc * (du * du + dv * dv));
             au += w * u;
             av += w * v;
             wsum += w;
@@ -446,7 +457,7 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
                 const float fk = tf_ld(ring + (long)fr->recent_slot[k] * slot_elems, idx);
                 sk *= ts;
                 const float d = fk - f0;
-                const float w = sk * expf(mc * d * d);
+                const float w = sk * tf_exp(mc * d * d);
                 acc += w * fk;
                 wsum += w;
             }
@@ -464,7 +475,7 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
         sk *= ts;
         const float du = 100.0f * (u - u0);
         const float dv = 100.0f * (v - v0);
-        const float w = sk * expf(mc * (du * du + dv * dv));
+        const float w = sk * tf_exp(mc * (du * du + dv * dv));
         au += w * u;
         av += w * v;
         wsum += w;

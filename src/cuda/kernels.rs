@@ -51,6 +51,13 @@ type ModuleCache = HashMap<(usize, Precision), Arc<Kernels>>;
 static PTX_CACHE: Lazy<Mutex<PtxCache>> = Lazy::new(|| Mutex::new(HashMap::new()));
 static MODULES: Lazy<Mutex<ModuleCache>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
+/// `TOONFLOW_EXACT_MATH=1` builds the kernels with the accurate `expf` and without FMA
+/// contraction (bit-closer to the CPU reference, slower); by default range and
+/// motion weights use `__expf` and multiply-adds fuse.
+pub fn exact_math() -> bool {
+    std::env::var("TOONFLOW_EXACT_MATH").is_ok_and(|v| v == "1")
+}
+
 /// The translation unit NVRTC sees: the header pasted in place of its `#include`.
 pub fn full_source(precision: Precision) -> String {
     let header: String = PARAMS_HEADER
@@ -60,7 +67,8 @@ pub fn full_source(precision: Precision) -> String {
         .join("\n");
     let body = KERNEL_SOURCE.replace("#include \"toonflow_params.cuh\"", &header);
     let fp16 = matches!(precision, Precision::Fp16) as i32;
-    format!("#define TF_FP16 {fp16}\n{body}")
+    let fast = !exact_math() as i32;
+    format!("#define TF_FP16 {fp16}\n#define TF_FAST_EXP {fast}\n{body}")
 }
 
 /// Compiles the kernels to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
@@ -75,7 +83,7 @@ pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaEr
     }
     let start = Instant::now();
     let opts = CompileOptions {
-        fmad: Some(false),
+        fmad: Some(!exact_math()),
         prec_div: Some(true),
         prec_sqrt: Some(true),
         ftz: Some(false),
