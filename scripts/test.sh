@@ -13,6 +13,9 @@ cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 cargo build --release
 cargo test --release
+# The GPU tests again with their output shown, so a machine without CUDA says why they skipped.
+cargo test --release --test cuda_parity --test cuda_report --test cuda_faults -- --nocapture 2>&1 \
+  | grep -E "skipped|test result|parity|PSNR|timing"
 # Benchmark smoke test (the toonflow-bench binary; skipped while it does not exist yet).
 if cargo run --release --quiet --bin toonflow-bench -- --help >/dev/null 2>&1; then
   cargo run --release --bin toonflow-bench -- --quick # BENCH: adjust arguments here

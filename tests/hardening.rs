@@ -302,6 +302,14 @@ fn soak_memory_and_frame_time_stay_flat() {
     let mut h = element_harness(w, hh);
     let mut times = Vec::with_capacity(frames);
     let mut rss_early = 0;
+    let mut device_free_early = 0u64;
+    let device_free = |h: &gst_check::Harness| {
+        h.element()
+            .unwrap()
+            .property::<gst::Structure>("stats")
+            .get::<u64>("device-free-bytes")
+            .unwrap()
+    };
     for i in 0..frames {
         let t0 = std::time::Instant::now();
         h.push(inputs[i % inputs.len()].clone()).unwrap();
@@ -309,9 +317,11 @@ fn soak_memory_and_frame_time_stay_flat() {
         times.push(t0.elapsed().as_secs_f64());
         if i == window {
             rss_early = rss_kib();
+            device_free_early = device_free(&h);
         }
     }
     let rss_late = rss_kib();
+    let device_free_late = device_free(&h);
     let median = |s: &[f64]| {
         let mut v = s.to_vec();
         v.sort_by(|a, b| a.total_cmp(b));
