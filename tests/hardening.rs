@@ -340,6 +340,12 @@ fn soak_memory_and_frame_time_stay_flat() {
         rss_late < rss_early + 16 * 1024,
         "RSS grew {rss_early} -> {rss_late} KiB"
     );
+    // device memory: the free memory the element sees does not shrink (0 on the CPU backend)
+    println!("device free: {device_free_early} -> {device_free_late} bytes");
+    assert!(
+        device_free_late + (16 << 20) >= device_free_early,
+        "device memory shrank from {device_free_early} to {device_free_late} bytes free"
+    );
     assert!(
         late < early * 1.5 + 50e-6,
         "frame time grew from {early} to {late}"
