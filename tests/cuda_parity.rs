@@ -1,6 +1,7 @@
 //! CUDA backend against the CPU reference (issue 3). Each GPU test prints
 //! "skipped: no CUDA device (<reason>)" and passes where no device is present.
 
+mod common;
 mod cuda_common;
 
 use cuda_common::*;

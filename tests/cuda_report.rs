@@ -1,6 +1,7 @@
 //! Figures for the closing note (issue 3/4): launches per frame, memory plans at 720p, 1080p and
 //! 4K, and GPU time per frame eager against graph replay. Run with `--nocapture`.
 
+mod common;
 mod cuda_common;
 
 use cuda_common::*;

@@ -5,32 +5,11 @@
 //!
 //! Needs meson, ninja, a C compiler and libgstreamer1.0-dev (`scripts/install-deps.sh`).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{plugin_dir, repo_root};
+use std::path::PathBuf;
 use std::process::{Command, Output};
-
-fn repo_root() -> PathBuf {
-    std::env::var("CARGO_MANIFEST_DIR")
-        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into())
-        .into()
-}
-
-/// The directory holding the libgsttoonflow.so built with this test executable
-/// (target/<profile>/deps/meson_sample-* → target/<profile>), or TOONFLOW_PLUGIN_DIR.
-fn plugin_dir() -> PathBuf {
-    let dir = match std::env::var_os("TOONFLOW_PLUGIN_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let exe = std::env::current_exe().expect("current_exe");
-            exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-        }
-    };
-    assert!(
-        dir.join("libgsttoonflow.so").exists(),
-        "no libgsttoonflow.so in {} (build the crate first, or set TOONFLOW_PLUGIN_DIR)",
-        dir.display()
-    );
-    dir
-}
 
 /// A directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);

@@ -7,6 +7,9 @@
 //! Also checks that README.md's property table lists every property of the element with its
 //! type, range, default and whether it can change while playing.
 
+mod common;
+
+use common::{plugin_dir, repo_root};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -20,30 +23,6 @@ const TESTED_HERE: &[&str] = &[
     "test-pattern-to-window.sh",
     "camera-to-window.sh",
 ];
-
-fn repo_root() -> PathBuf {
-    std::env::var("CARGO_MANIFEST_DIR")
-        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into())
-        .into()
-}
-
-/// The directory holding the libgsttoonflow.so built with this test executable
-/// (target/<profile>/deps/pipelines-* → target/<profile>), or TOONFLOW_PLUGIN_DIR.
-fn plugin_dir() -> PathBuf {
-    let dir = match std::env::var_os("TOONFLOW_PLUGIN_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let exe = std::env::current_exe().expect("current_exe");
-            exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-        }
-    };
-    assert!(
-        dir.join("libgsttoonflow.so").exists(),
-        "no libgsttoonflow.so in {} (build the crate first, or set TOONFLOW_PLUGIN_DIR)",
-        dir.display()
-    );
-    dir
-}
 
 fn init() {
     static INIT: std::sync::Once = std::sync::Once::new();

@@ -7,6 +7,9 @@
 //! Needs nginx and libnginx-mod-rtmp (`scripts/install-deps.sh`); without them the test fails,
 //! unless TOONFLOW_SKIP_RELAY=1 is set, when it says that it was skipped.
 
+mod common;
+
+use common::{plugin_dir, repo_root};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -24,30 +27,6 @@ const FPS: u64 = 30;
 const FRAMES: u64 = 90;
 /// Frames the relayed stream may lack or have in excess.
 const FRAME_TOLERANCE: u64 = 2;
-
-fn repo_root() -> PathBuf {
-    std::env::var("CARGO_MANIFEST_DIR")
-        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into())
-        .into()
-}
-
-/// The directory holding the libgsttoonflow.so built with this test executable
-/// (target/<profile>/deps/relay-* → target/<profile>), or TOONFLOW_PLUGIN_DIR.
-fn plugin_dir() -> PathBuf {
-    let dir = match std::env::var_os("TOONFLOW_PLUGIN_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let exe = std::env::current_exe().expect("current_exe");
-            exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-        }
-    };
-    assert!(
-        dir.join("libgsttoonflow.so").exists(),
-        "no libgsttoonflow.so in {} (build the crate first, or set TOONFLOW_PLUGIN_DIR)",
-        dir.display()
-    );
-    dir
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

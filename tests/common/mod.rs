@@ -16,12 +16,38 @@ pub fn init() {
     });
 }
 
-/// A fixture under tests/data, found through the run-time CARGO_MANIFEST_DIR (the GPU machine
-/// runs the test executables from a copy of the checkout at another path).
+/// The checkout, found through the run-time CARGO_MANIFEST_DIR (the GPU machine runs the test
+/// executables from a copy of the checkout at another path).
+pub fn repo_root() -> PathBuf {
+    std::env::var("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into())
+        .into()
+}
+
+/// A fixture under tests/data.
 pub fn fixture(name: &str) -> PathBuf {
-    let root =
-        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
-    PathBuf::from(root).join("tests/data").join(name)
+    repo_root().join("tests/data").join(name)
+}
+
+/// The directory holding the libgsttoonflow.so built with this test executable
+/// (target/<profile>/deps/<test>-* → target/<profile>), or TOONFLOW_PLUGIN_DIR.
+pub fn plugin_dir() -> PathBuf {
+    let dir = match std::env::var_os("TOONFLOW_PLUGIN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let exe = std::env::current_exe().expect("current_exe");
+            exe.parent()
+                .and_then(std::path::Path::parent)
+                .unwrap()
+                .to_path_buf()
+        }
+    };
+    assert!(
+        dir.join("libgsttoonflow.so").exists(),
+        "no libgsttoonflow.so in {} (build the crate first, or set TOONFLOW_PLUGIN_DIR)",
+        dir.display()
+    );
+    dir
 }
 
 /// A tightly packed NV12 frame.

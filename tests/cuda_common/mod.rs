@@ -1,8 +1,7 @@
 //! Helpers of the CUDA integration tests: fixtures decoded to NV12 through GStreamer, a moving
-//! clip made from them, and frame comparisons. (Independent of tests/common.)
+//! clip made from them, and frame comparisons (decoding through tests/common).
 #![allow(dead_code)]
 
-use gst::prelude::*;
 use gsttoonflow::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut, StageParams, ToonParams};
 
 pub const PHOTOS: [&str; 4] = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg"];
@@ -20,11 +19,7 @@ pub fn cuda_or_skip() -> Option<String> {
 }
 
 pub fn data_path(name: &str) -> std::path::PathBuf {
-    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
-    std::path::Path::new(&root)
-        .join("tests")
-        .join("data")
-        .join(name)
+    crate::common::fixture(name)
 }
 
 /// A tightly packed NV12 frame.
@@ -56,44 +51,12 @@ impl Frame {
     }
 }
 
-/// Decodes `name` from tests/data, scaled to `w`×`h` NV12.
+/// Decodes `name` from tests/data, scaled to `w`×`h` NV12 (through tests/common).
 pub fn load_photo(name: &str, w: usize, h: usize) -> Frame {
-    gst::init().unwrap();
-    let path = data_path(name);
-    let desc = format!(
-        "filesrc location=\"{}\" ! decodebin ! videoconvert ! videoscale ! \
-         video/x-raw,format=NV12,width={w},height={h},pixel-aspect-ratio=1/1 ! appsink name=sink",
-        path.display()
-    );
-    let pipeline = gst::parse::launch(&desc)
-        .unwrap()
-        .downcast::<gst::Pipeline>()
-        .unwrap();
-    let sink = pipeline
-        .by_name("sink")
-        .unwrap()
-        .downcast::<gst_app::AppSink>()
-        .unwrap();
-    pipeline.set_state(gst::State::Playing).unwrap();
-    let sample = sink
-        .pull_sample()
-        .unwrap_or_else(|e| panic!("decoding {}: {e:?}", path.display()));
-    let caps = sample.caps().unwrap();
-    let info = gst_video::VideoInfo::from_caps(caps).unwrap();
-    let buffer = sample.buffer().unwrap();
-    let map = buffer.map_readable().unwrap();
-    let mut f = Frame::new(w, h);
-    let (ys, uvs) = (info.stride()[0] as usize, info.stride()[1] as usize);
-    let (yo, uvo) = (info.offset()[0], info.offset()[1]);
-    for r in 0..h {
-        f.data[r * w..][..w].copy_from_slice(&map[yo + r * ys..][..w]);
+    Frame {
+        geometry: FrameGeometry::new(w, h).unwrap(),
+        data: crate::common::photo(name, w, h).data,
     }
-    for r in 0..h / 2 {
-        f.data[w * h + r * w..][..w].copy_from_slice(&map[uvo + r * uvs..][..w]);
-    }
-    drop(map);
-    pipeline.set_state(gst::State::Null).unwrap();
-    f
 }
 
 /// Deterministic xorshift PRNG.
