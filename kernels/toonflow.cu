@@ -23,10 +23,10 @@
 
 #include "toonflow_params.cuh"
 
-// Range and motion weights: __expf (the hardware ex2 with one multiply) unless the host asks for
-// the accurate expf (TOONFLOW_EXACT_MATH=1); the parity tests bound the difference.
+// Range and motion weights: the accurate expf, or __expf (the hardware ex2 with one multiply)
+// when the host builds with TOONFLOW_FAST_MATH=1; the parity tests bound the difference.
 #ifndef TF_FAST_EXP
-#define TF_FAST_EXP 1
+#define TF_FAST_EXP 0
 #endif
 #if TF_FAST_EXP
 #define tf_exp(x) __expf(x)

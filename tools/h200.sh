@@ -20,8 +20,8 @@ for step in "$@"; do
     echo "=== $step"
     case $step in
         parity) for t in .gpu/tests/cuda_parity-*; do "$t" --nocapture --test-threads=1 2>&1 | tee -a "$out/parity.log" || rc=1; done ;;
-        exact-report) for t in .gpu/tests/cuda_report-*; do TOONFLOW_EXACT_MATH=1 "$t" --nocapture --test-threads=1 timings 2>&1 | tee -a "$out/report-exact.log" || rc=1; done ;;
-        exact-parity) for t in .gpu/tests/cuda_parity-*; do TOONFLOW_EXACT_MATH=1 "$t" --nocapture --test-threads=1 2>&1 | tee -a "$out/parity-exact.log" || rc=1; done ;;
+        fast-report) for t in .gpu/tests/cuda_report-*; do TOONFLOW_FAST_MATH=1 "$t" --nocapture --test-threads=1 timings 2>&1 | tee -a "$out/report-fast.log" || rc=1; done ;;
+        fast-parity) for t in .gpu/tests/cuda_parity-*; do TOONFLOW_FAST_MATH=1 "$t" --nocapture --test-threads=1 2>&1 | tee -a "$out/parity-fast.log" || rc=1; done ;;
         report) for t in .gpu/tests/cuda_report-*; do "$t" --nocapture --test-threads=1 2>&1 | tee -a "$out/report.log" || rc=1; done ;;
         element)
             for t in .gpu/tests/launch-* .gpu/tests/element-* .gpu/tests/temporal-*; do "$t" 2>&1 | tail -3; done
