@@ -347,7 +347,8 @@ fn soak_memory_and_frame_time_stay_flat() {
         "device memory shrank from {device_free_early} to {device_free_late} bytes free"
     );
     assert!(
-        late < early * 1.5 + 50e-6,
+        // generous: CI machines are shared; a leak or a growing queue grows without bound
+        late < early * 2.0 + 100e-6,
         "frame time grew from {early} to {late}"
     );
 }
