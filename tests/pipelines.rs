@@ -9,8 +9,8 @@
 
 mod common;
 
-use common::{plugin_dir, repo_root};
-use std::path::{Path, PathBuf};
+use common::{TempDir, plugin_dir, repo_root};
+use std::path::Path;
 use std::process::Command;
 
 use gst::glib;
@@ -30,31 +30,6 @@ fn init() {
         gst::init().unwrap();
         gsttoonflow::plugin_register_static().unwrap();
     });
-}
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let dir =
-            std::env::temp_dir().join(format!("toonflow-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Runs a script of pipelines/ with `env`, failing with its output when it fails or reports an
