@@ -93,11 +93,7 @@ fn a_property_changed_while_playing_takes_effect_on_the_next_frame() {
         "videotestsrc num-buffers=40 pattern=smpte ! video/x-raw,format=NV12,width=160,height=120,framerate=30/1 ! \
          toonflow name=t backend=cpu levels=16 edge-strength=0 ! appsink name=sink sync=false",
     );
-    let sink = p
-        .by_name("sink")
-        .unwrap()
-        .downcast::<gst_app::AppSink>()
-        .unwrap();
+    let sink = app_sink(p.upcast_ref(), "sink");
     let t = p.by_name("t").unwrap();
     p.set_state(gst::State::Playing).unwrap();
     let pull = |sink: &gst_app::AppSink| {

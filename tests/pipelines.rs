@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{TempDir, plugin_dir, repo_root};
+use common::{TempDir, app_sink, plugin_dir, repo_root};
 use std::path::Path;
 use std::process::Command;
 
@@ -61,13 +61,7 @@ fn run_script(name: &str, args: &[&Path], env: &[(&str, String)]) -> String {
 fn gray_frames(description: &str) -> Vec<Vec<u8>> {
     init();
     let pipeline = gst::parse::launch(description).unwrap();
-    let sink = pipeline
-        .downcast_ref::<gst::Bin>()
-        .unwrap()
-        .by_name("sink")
-        .unwrap()
-        .downcast::<gst_app::AppSink>()
-        .unwrap();
+    let sink = app_sink(&pipeline, "sink");
     pipeline.set_state(gst::State::Playing).unwrap();
     let mut frames = Vec::new();
     while let Ok(sample) = sink.pull_sample() {

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{TempDir, plugin_dir, repo_root};
+use common::{TempDir, app_sink, plugin_dir, repo_root};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -246,13 +246,7 @@ fn reference_luma(stylize: bool) -> Vec<u8> {
          ! {filter} appsink name=sink sync=false"
     ))
     .unwrap();
-    let sink = pipeline
-        .downcast_ref::<gst::Bin>()
-        .unwrap()
-        .by_name("sink")
-        .unwrap()
-        .downcast::<gst_app::AppSink>()
-        .unwrap();
+    let sink = app_sink(&pipeline, "sink");
     pipeline.set_state(gst::State::Playing).unwrap();
     let sample = sink
         .pull_sample()
@@ -315,47 +309,38 @@ fn rtmp_relay_stylizes_video_and_passes_audio() {
         server.url("out")
     ))
     .unwrap();
-    let bin = reader.downcast_ref::<gst::Bin>().unwrap();
     let r = received.clone();
-    bin.by_name("video")
-        .unwrap()
-        .downcast::<gst_app::AppSink>()
-        .unwrap()
-        .set_callbacks(
-            gst_app::AppSinkCallbacks::builder()
-                .new_sample(move |sink| {
-                    let sample = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
-                    let buffer = sample.buffer().unwrap();
-                    let map = buffer.map_readable().unwrap();
-                    let mut r = r.lock().unwrap();
-                    r.frames.push(map[..WIDTH * HEIGHT].to_vec());
-                    r.pts_ms
-                        .push(buffer.pts().map_or(-1, |t| t.mseconds() as i64));
-                    Ok(gst::FlowSuccess::Ok)
-                })
-                .build(),
-        );
+    app_sink(&reader, "video").set_callbacks(
+        gst_app::AppSinkCallbacks::builder()
+            .new_sample(move |sink| {
+                let sample = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
+                let buffer = sample.buffer().unwrap();
+                let map = buffer.map_readable().unwrap();
+                let mut r = r.lock().unwrap();
+                r.frames.push(map[..WIDTH * HEIGHT].to_vec());
+                r.pts_ms
+                    .push(buffer.pts().map_or(-1, |t| t.mseconds() as i64));
+                Ok(gst::FlowSuccess::Ok)
+            })
+            .build(),
+    );
     let r = received.clone();
-    bin.by_name("audio")
-        .unwrap()
-        .downcast::<gst_app::AppSink>()
-        .unwrap()
-        .set_callbacks(
-            gst_app::AppSinkCallbacks::builder()
-                .new_sample(move |sink| {
-                    let sample = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
-                    let map = sample.buffer().unwrap().map_readable().unwrap();
-                    let mut r = r.lock().unwrap();
-                    r.audio_buffers += 1;
-                    for s in map.chunks_exact(4) {
-                        let v = f32::from_le_bytes(s.try_into().unwrap()) as f64;
-                        r.audio_samples += 1;
-                        r.audio_sum_sq += v * v;
-                    }
-                    Ok(gst::FlowSuccess::Ok)
-                })
-                .build(),
-        );
+    app_sink(&reader, "audio").set_callbacks(
+        gst_app::AppSinkCallbacks::builder()
+            .new_sample(move |sink| {
+                let sample = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
+                let map = sample.buffer().unwrap().map_readable().unwrap();
+                let mut r = r.lock().unwrap();
+                r.audio_buffers += 1;
+                for s in map.chunks_exact(4) {
+                    let v = f32::from_le_bytes(s.try_into().unwrap()) as f64;
+                    r.audio_samples += 1;
+                    r.audio_sum_sq += v * v;
+                }
+                Ok(gst::FlowSuccess::Ok)
+            })
+            .build(),
+    );
     reader.set_state(gst::State::Playing).unwrap();
 
     // A second reader counts the H.264 frames that reach app/in, to tell where losses happen.
@@ -368,22 +353,15 @@ fn rtmp_relay_stylizes_video_and_passes_audio() {
     ))
     .unwrap();
     let count = seen_in.clone();
-    in_reader
-        .downcast_ref::<gst::Bin>()
-        .unwrap()
-        .by_name("video")
-        .unwrap()
-        .downcast::<gst_app::AppSink>()
-        .unwrap()
-        .set_callbacks(
-            gst_app::AppSinkCallbacks::builder()
-                .new_sample(move |sink| {
-                    sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
-                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    Ok(gst::FlowSuccess::Ok)
-                })
-                .build(),
-        );
+    app_sink(&in_reader, "video").set_callbacks(
+        gst_app::AppSinkCallbacks::builder()
+            .new_sample(move |sink| {
+                sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(gst::FlowSuccess::Ok)
+            })
+            .build(),
+    );
     in_reader.set_state(gst::State::Playing).unwrap();
 
     // 2. The relay script from app/in to app/out.

@@ -164,6 +164,17 @@ pub fn nv12_caps(width: usize, height: usize) -> gst::Caps {
         .build()
 }
 
+/// The appsink named `name` inside a pipeline (or any bin) made by gst_parse_launch.
+pub fn app_sink(pipeline: &gst::Element, name: &str) -> gst_app::AppSink {
+    pipeline
+        .downcast_ref::<gst::Bin>()
+        .expect("a bin")
+        .by_name(name)
+        .unwrap_or_else(|| panic!("no element named {name}"))
+        .downcast::<gst_app::AppSink>()
+        .unwrap_or_else(|_| panic!("{name} is not an appsink"))
+}
+
 /// Decodes a photo of tests/data and scales it to `width`×`height` NV12.
 pub fn photo(name: &str, width: usize, height: usize) -> Nv12 {
     init();
@@ -178,11 +189,7 @@ pub fn photo(name: &str, width: usize, height: usize) -> Nv12 {
         .unwrap()
         .downcast::<gst::Pipeline>()
         .unwrap();
-    let sink = pipeline
-        .by_name("sink")
-        .unwrap()
-        .downcast::<gst_app::AppSink>()
-        .unwrap();
+    let sink = app_sink(pipeline.upcast_ref(), "sink");
     pipeline.set_state(gst::State::Playing).unwrap();
     let sample = sink.pull_sample().expect("decoded photo");
     let out = Nv12::from_buffer(sample.buffer().unwrap(), sample.caps().unwrap());
