@@ -5,6 +5,8 @@
 use gst::glib;
 
 pub mod cuda;
+pub mod memplan;
+pub mod neural;
 pub mod pipeline;
 mod toonflow;
 

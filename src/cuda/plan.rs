@@ -7,8 +7,7 @@ use super::CudaError;
 use crate::pipeline::params::{HIST_BINS, MAX_HISTORY, THUMB_H, THUMB_W};
 use crate::pipeline::{Precision, Shape, ToonParams};
 
-/// Offsets are multiples of this.
-pub const ALIGN: u64 = 256;
+pub use crate::memplan::{ALIGN, ArenaPlan, BufferRequest, PlannedBuffer, mib};
 /// Where the per-frame control block sits inside the parameter buffer.
 pub const CONTROL_OFFSET: u64 = 512;
 /// Bytes of the per-frame control block (`TfControl`).
@@ -35,34 +34,6 @@ pub mod names {
     pub const DOG2: &str = "dog-x-2";
     pub const RING: &str = "ring";
     pub const NV12_OUT: &str = "nv12-out";
-}
-
-/// A buffer to place: `bytes` live from stage `first` to stage `last`, both included.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BufferRequest {
-    pub name: &'static str,
-    pub bytes: u64,
-    pub first: u32,
-    pub last: u32,
-}
-
-/// A placed buffer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedBuffer {
-    pub name: &'static str,
-    pub bytes: u64,
-    pub first_stage: u32,
-    pub last_stage: u32,
-    pub offset: u64,
-}
-
-impl PlannedBuffer {
-    fn aligned(&self) -> u64 {
-        self.bytes.div_ceil(ALIGN) * ALIGN
-    }
-    fn overlaps_in_time(&self, first: u32, last: u32) -> bool {
-        self.first_stage <= last && first <= self.last_stage
-    }
 }
 
 /// Stage numbers of a frame for a given number of bilateral iterations. The temporal filter has
@@ -100,87 +71,10 @@ impl Stages {
     }
 }
 
-/// Buffers laid into one arena.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MemoryPlan {
-    pub buffers: Vec<PlannedBuffer>,
-    pub arena_bytes: u64,
-    pub peak_live_bytes: u64,
-    pub peak_stage: u32,
-    pub stage_names: Vec<String>,
-    /// What the plan is for, e.g. "1920x1080 fp16 history 4 iterations 3".
-    pub label: String,
-}
+/// The classic pipeline's plan is an arena plan.
+pub type MemoryPlan = ArenaPlan;
 
-impl MemoryPlan {
-    /// Greedy placement: largest first, each at the lowest aligned offset where it does not
-    /// overlap (in space) a placed buffer whose lifetime overlaps its own.
-    pub fn layout(requests: &[BufferRequest], stage_names: Vec<String>, label: String) -> Self {
-        let mut order: Vec<usize> = (0..requests.len()).collect();
-        order.sort_by(|&a, &b| requests[b].bytes.cmp(&requests[a].bytes).then(a.cmp(&b)));
-        let mut placed: Vec<PlannedBuffer> = Vec::with_capacity(requests.len());
-        let mut index: Vec<usize> = Vec::with_capacity(requests.len());
-        for i in order {
-            let r = &requests[i];
-            let mut buf = PlannedBuffer {
-                name: r.name,
-                bytes: r.bytes,
-                first_stage: r.first,
-                last_stage: r.last,
-                offset: 0,
-            };
-            let size = buf.aligned();
-            let conflicts: Vec<&PlannedBuffer> = placed
-                .iter()
-                .filter(|p| p.overlaps_in_time(r.first, r.last))
-                .collect();
-            let mut candidates: Vec<u64> = std::iter::once(0)
-                .chain(conflicts.iter().map(|c| c.offset + c.aligned()))
-                .collect();
-            candidates.sort_unstable();
-            buf.offset = candidates
-                .into_iter()
-                .find(|&off| {
-                    conflicts
-                        .iter()
-                        .all(|c| off + size <= c.offset || c.offset + c.aligned() <= off)
-                })
-                .expect("the end of the last conflicting buffer is always free");
-            placed.push(buf);
-            index.push(i);
-        }
-        // report in request order
-        let mut pairs: Vec<(usize, PlannedBuffer)> = index.into_iter().zip(placed).collect();
-        pairs.sort_by_key(|(i, _)| *i);
-        let buffers: Vec<PlannedBuffer> = pairs.into_iter().map(|(_, b)| b).collect();
-        let arena_bytes = buffers
-            .iter()
-            .map(|b| b.offset + b.aligned())
-            .max()
-            .unwrap_or(0);
-        let last = buffers.iter().map(|b| b.last_stage).max().unwrap_or(0);
-        let (mut peak_live_bytes, mut peak_stage) = (0, 0);
-        for s in 0..=last {
-            let live: u64 = buffers
-                .iter()
-                .filter(|b| b.overlaps_in_time(s, s))
-                .map(|b| b.aligned())
-                .sum();
-            if live > peak_live_bytes {
-                peak_live_bytes = live;
-                peak_stage = s;
-            }
-        }
-        MemoryPlan {
-            buffers,
-            arena_bytes,
-            peak_live_bytes,
-            peak_stage,
-            stage_names,
-            label,
-        }
-    }
-
+impl ArenaPlan {
     /// The plan of a frame of `shape`.
     pub fn for_shape(shape: &Shape) -> Self {
         use names::*;
@@ -198,43 +92,43 @@ impl MemoryPlan {
         let nv12 = w * h + 2 * cw * ch;
         let mut r = vec![
             BufferRequest {
-                name: PARAMS,
+                name: PARAMS.into(),
                 bytes: CONTROL_OFFSET + CONTROL_BYTES,
                 first: 0,
                 last,
             },
             BufferRequest {
-                name: STATE,
+                name: STATE.into(),
                 bytes: STATE_BYTES,
                 first: 0,
                 last,
             },
             BufferRequest {
-                name: FRAME,
+                name: FRAME.into(),
                 bytes: FRAME_BLOCK_BYTES,
                 first: 0,
                 last,
             },
             BufferRequest {
-                name: STATS,
+                name: STATS.into(),
                 bytes: STATS_BYTES,
                 first: Stages::UNPACK,
                 last: Stages::ANALYZE,
             },
             BufferRequest {
-                name: NV12_IN,
+                name: NV12_IN.into(),
                 bytes: nv12,
                 first: Stages::UNPACK,
                 last: Stages::UNPACK,
             },
             BufferRequest {
-                name: FEAT_L,
+                name: FEAT_L.into(),
                 bytes: luma,
                 first: Stages::UNPACK,
                 last: st.final_(),
             },
             BufferRequest {
-                name: FEAT_UV,
+                name: FEAT_UV.into(),
                 bytes: chroma,
                 first: Stages::UNPACK,
                 last: st.final_(),
@@ -243,13 +137,13 @@ impl MemoryPlan {
         if n > 0 {
             let (a, b) = (Stages::FIRST_BILATERAL, Stages::FIRST_BILATERAL + 2 * n - 1);
             r.push(BufferRequest {
-                name: TMP_L,
+                name: TMP_L.into(),
                 bytes: luma,
                 first: a,
                 last: b,
             });
             r.push(BufferRequest {
-                name: TMP_UV,
+                name: TMP_UV.into(),
                 bytes: chroma,
                 first: a,
                 last: b,
@@ -263,27 +157,27 @@ impl MemoryPlan {
             st.dog()
         };
         r.push(BufferRequest {
-            name: DOG1,
+            name: DOG1.into(),
             bytes: w * h * 4,
             first: dog_first,
             last: st.final_(),
         });
         r.push(BufferRequest {
-            name: DOG2,
+            name: DOG2.into(),
             bytes: w * h * 4,
             first: dog_first,
             last: st.final_(),
         });
         if cap > 0 {
             r.push(BufferRequest {
-                name: RING,
+                name: RING.into(),
                 bytes: cap * (luma + chroma),
                 first: 0,
                 last,
             });
         }
         r.push(BufferRequest {
-            name: NV12_OUT,
+            name: NV12_OUT.into(),
             bytes: nv12,
             first: st.final_(),
             last,
@@ -302,23 +196,6 @@ impl MemoryPlan {
         Self::layout(&r, st.names(), label)
     }
 
-    /// Live bytes at the peak over arena bytes (1.0 = no byte of the arena idle at the peak).
-    pub fn utilisation(&self) -> f64 {
-        if self.arena_bytes == 0 {
-            return 1.0;
-        }
-        self.peak_live_bytes as f64 / self.arena_bytes as f64
-    }
-
-    pub fn buffer(&self, name: &str) -> Option<&PlannedBuffer> {
-        self.buffers.iter().find(|b| b.name == name)
-    }
-
-    /// Offset of `name`, or `None` when the plan has no such buffer (e.g. no ring).
-    pub fn offset(&self, name: &str) -> Option<u64> {
-        self.buffer(name).map(|b| b.offset)
-    }
-
     /// Checks the plan against `max-device-memory` (0 = no cap).
     pub fn check_cap(&self, max_device_memory: u64) -> Result<(), CudaError> {
         if max_device_memory != 0 && self.arena_bytes > max_device_memory {
@@ -335,54 +212,6 @@ impl MemoryPlan {
         }
         Ok(())
     }
-
-    /// Multi-line description for the debug log.
-    pub fn describe(&self) -> String {
-        let mut s = format!(
-            "memory plan for {}: arena {} bytes ({:.2} MiB), peak live {} bytes at stage {} \
-             ({}), utilisation {:.1}%\n",
-            self.label,
-            self.arena_bytes,
-            mib(self.arena_bytes),
-            self.peak_live_bytes,
-            self.peak_stage,
-            self.stage_names
-                .get(self.peak_stage as usize)
-                .map_or("?", |s| s.as_str()),
-            100.0 * self.utilisation()
-        );
-        for b in &self.buffers {
-            s.push_str(&format!(
-                "  {:<15} {:>11} bytes at offset {:>11}, stages {}..={}\n",
-                b.name, b.bytes, b.offset, b.first_stage, b.last_stage
-            ));
-        }
-        s
-    }
-
-    /// Checks that no two buffers with overlapping lifetimes overlap in the arena.
-    pub fn validate(&self) -> Result<(), String> {
-        for (i, a) in self.buffers.iter().enumerate() {
-            if a.offset % ALIGN != 0 {
-                return Err(format!("{} is not aligned", a.name));
-            }
-            if a.offset + a.bytes > self.arena_bytes {
-                return Err(format!("{} runs past the arena", a.name));
-            }
-            for b in &self.buffers[i + 1..] {
-                let time = a.overlaps_in_time(b.first_stage, b.last_stage);
-                let space = a.offset < b.offset + b.aligned() && b.offset < a.offset + a.aligned();
-                if time && space {
-                    return Err(format!("{} and {} overlap", a.name, b.name));
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-fn mib(b: u64) -> f64 {
-    b as f64 / (1024.0 * 1024.0)
 }
 
 /// A `Shape` with the element's defaults at `width`×`height`.
@@ -404,7 +233,7 @@ mod tests {
 
     fn req(name: &'static str, bytes: u64, first: u32, last: u32) -> BufferRequest {
         BufferRequest {
-            name,
+            name: name.into(),
             bytes,
             first,
             last,

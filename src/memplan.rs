@@ -1,0 +1,198 @@
+//! The arena planner: any list of buffers with a size and a lifetime over numbered stages, laid
+//! into one arena so that buffers whose lifetimes do not overlap share space.
+//!
+//! Pure Rust, no device: both engines (the classic pipeline's `cuda::plan` and the neural
+//! stage's activation ledger) describe their buffers here and allocate the arena once.
+
+/// Offsets are multiples of this.
+pub const ALIGN: u64 = 256;
+
+/// A buffer to place: `bytes` live from stage `first` to stage `last`, both included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferRequest {
+    pub name: String,
+    pub bytes: u64,
+    pub first: u32,
+    pub last: u32,
+}
+
+/// A placed buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedBuffer {
+    pub name: String,
+    pub bytes: u64,
+    pub first_stage: u32,
+    pub last_stage: u32,
+    pub offset: u64,
+}
+
+impl PlannedBuffer {
+    fn aligned(&self) -> u64 {
+        self.bytes.div_ceil(ALIGN) * ALIGN
+    }
+    fn overlaps_in_time(&self, first: u32, last: u32) -> bool {
+        self.first_stage <= last && first <= self.last_stage
+    }
+}
+
+/// Buffers laid into one arena.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArenaPlan {
+    pub buffers: Vec<PlannedBuffer>,
+    pub arena_bytes: u64,
+    pub peak_live_bytes: u64,
+    pub peak_stage: u32,
+    pub stage_names: Vec<String>,
+    /// What the plan is for, e.g. "1920x1080 fp16 history 4 iterations 3".
+    pub label: String,
+}
+
+impl ArenaPlan {
+    /// Greedy placement: largest first, each at the lowest aligned offset where it does not
+    /// overlap (in space) a placed buffer whose lifetime overlaps its own.
+    pub fn layout(requests: &[BufferRequest], stage_names: Vec<String>, label: String) -> Self {
+        let mut order: Vec<usize> = (0..requests.len()).collect();
+        order.sort_by(|&a, &b| requests[b].bytes.cmp(&requests[a].bytes).then(a.cmp(&b)));
+        let mut placed: Vec<PlannedBuffer> = Vec::with_capacity(requests.len());
+        let mut index: Vec<usize> = Vec::with_capacity(requests.len());
+        for i in order {
+            let r = &requests[i];
+            let mut buf = PlannedBuffer {
+                name: r.name.clone(),
+                bytes: r.bytes,
+                first_stage: r.first,
+                last_stage: r.last,
+                offset: 0,
+            };
+            let size = buf.aligned();
+            let conflicts: Vec<&PlannedBuffer> = placed
+                .iter()
+                .filter(|p| p.overlaps_in_time(r.first, r.last))
+                .collect();
+            let mut candidates: Vec<u64> = std::iter::once(0)
+                .chain(conflicts.iter().map(|c| c.offset + c.aligned()))
+                .collect();
+            candidates.sort_unstable();
+            buf.offset = candidates
+                .into_iter()
+                .find(|&off| {
+                    conflicts
+                        .iter()
+                        .all(|c| off + size <= c.offset || c.offset + c.aligned() <= off)
+                })
+                .expect("the end of the last conflicting buffer is always free");
+            placed.push(buf);
+            index.push(i);
+        }
+        // report in request order
+        let mut pairs: Vec<(usize, PlannedBuffer)> = index.into_iter().zip(placed).collect();
+        pairs.sort_by_key(|(i, _)| *i);
+        let buffers: Vec<PlannedBuffer> = pairs.into_iter().map(|(_, b)| b).collect();
+        let arena_bytes = buffers
+            .iter()
+            .map(|b| b.offset + b.aligned())
+            .max()
+            .unwrap_or(0);
+        let last = buffers.iter().map(|b| b.last_stage).max().unwrap_or(0);
+        let (mut peak_live_bytes, mut peak_stage) = (0, 0);
+        for s in 0..=last {
+            let live: u64 = buffers
+                .iter()
+                .filter(|b| b.overlaps_in_time(s, s))
+                .map(|b| b.aligned())
+                .sum();
+            if live > peak_live_bytes {
+                peak_live_bytes = live;
+                peak_stage = s;
+            }
+        }
+        ArenaPlan {
+            buffers,
+            arena_bytes,
+            peak_live_bytes,
+            peak_stage,
+            stage_names,
+            label,
+        }
+    }
+
+    /// Live bytes at the peak over arena bytes (1.0 = no byte of the arena idle at the peak).
+    pub fn utilisation(&self) -> f64 {
+        if self.arena_bytes == 0 {
+            return 1.0;
+        }
+        self.peak_live_bytes as f64 / self.arena_bytes as f64
+    }
+
+    pub fn buffer(&self, name: &str) -> Option<&PlannedBuffer> {
+        self.buffers.iter().find(|b| b.name == name)
+    }
+
+    /// Offset of `name`, or `None` when the plan has no such buffer (e.g. no ring).
+    pub fn offset(&self, name: &str) -> Option<u64> {
+        self.buffer(name).map(|b| b.offset)
+    }
+
+    /// Checks the plan against a cap in bytes (0 = no cap); the error says what needs how much.
+    pub fn exceeds_cap(&self, cap: u64) -> Option<String> {
+        (cap != 0 && self.arena_bytes > cap).then(|| {
+            format!(
+                "the memory plan for {} needs {} bytes ({:.1} MiB), more than the cap of {} bytes \
+                 ({:.1} MiB)",
+                self.label,
+                self.arena_bytes,
+                mib(self.arena_bytes),
+                cap,
+                mib(cap)
+            )
+        })
+    }
+
+    /// Multi-line description for the debug log.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "memory plan for {}: arena {} bytes ({:.2} MiB), peak live {} bytes at stage {} \
+             ({}), utilisation {:.1}%\n",
+            self.label,
+            self.arena_bytes,
+            mib(self.arena_bytes),
+            self.peak_live_bytes,
+            self.peak_stage,
+            self.stage_names
+                .get(self.peak_stage as usize)
+                .map_or("?", |s| s.as_str()),
+            100.0 * self.utilisation()
+        );
+        for b in &self.buffers {
+            s.push_str(&format!(
+                "  {:<15} {:>11} bytes at offset {:>11}, stages {}..={}\n",
+                b.name, b.bytes, b.offset, b.first_stage, b.last_stage
+            ));
+        }
+        s
+    }
+
+    /// Checks that no two buffers with overlapping lifetimes overlap in the arena.
+    pub fn validate(&self) -> Result<(), String> {
+        for (i, a) in self.buffers.iter().enumerate() {
+            if a.offset % ALIGN != 0 {
+                return Err(format!("{} is not aligned", a.name));
+            }
+            if a.offset + a.bytes > self.arena_bytes {
+                return Err(format!("{} runs past the arena", a.name));
+            }
+            for b in &self.buffers[i + 1..] {
+                let time = a.overlaps_in_time(b.first_stage, b.last_stage);
+                let space = a.offset < b.offset + b.aligned() && b.offset < a.offset + a.aligned();
+                if time && space {
+                    return Err(format!("{} and {} overlap", a.name, b.name));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
