@@ -5,6 +5,7 @@
 use gst::glib;
 
 pub mod cuda;
+pub mod kernel_abi;
 pub mod memplan;
 pub mod neural;
 pub mod pipeline;

@@ -1,7 +1,7 @@
 //! Frame statistics: the luma thumbnail and scene-cut score, and the luma histogram with the
 //! black/white points for auto-levels. Integer sums, so every backend gets the same numbers.
 
-use super::params::{AUTO_LEVELS_CLIP, HIST_BINS, THUMB_H, THUMB_W};
+use super::params::{AUTO_LEVELS_CLIP, AUTO_LEVELS_MIN_SPREAD, HIST_BINS, THUMB_H, THUMB_W};
 
 /// Luma block sums and histogram of one frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,7 +108,8 @@ pub fn levels_from_histogram(histogram: &[u32; HIST_BINS]) -> Option<(f32, f32)>
             break;
         }
     }
-    (hi > lo + 8).then(|| (100.0 * lo as f32 / 255.0, 100.0 * hi as f32 / 255.0))
+    (hi > lo + AUTO_LEVELS_MIN_SPREAD)
+        .then(|| (100.0 * lo as f32 / 255.0, 100.0 * hi as f32 / 255.0))
 }
 
 /// Stretches `l` so that `[black, white]` spans 0–100.

@@ -2,11 +2,13 @@
 //!
 //! [`StageParams`] is what the user sets (element properties). [`ToonParams`] is the flat,
 //! `#[repr(C)]` block derived from it once per change: the CPU reference reads it, and the CUDA
-//! backend copies it into device memory before each frame. Its layout is mirrored field for field
-//! by `kernels/toonflow_params.cuh`; keep the two in step (a unit test checks the size).
+//! backend copies it into device memory before each frame. It is declared once, with
+//! `kernel_struct!`, which also gives the kernels its C declaration (see `cuda::abi`).
 //!
 //! Spatial weight tables are computed here, on the host, so both backends use bit-identical
 //! weights.
+
+use crate::kernel_abi::kernel_struct;
 
 /// Largest filter radius any table may hold (in pixels of the plane it is applied to).
 pub const MAX_RADIUS: usize = 24;
@@ -17,6 +19,9 @@ pub const THUMB_H: usize = 36;
 pub const HIST_BINS: usize = 256;
 /// Fraction of pixels clipped at each end by auto-levels.
 pub const AUTO_LEVELS_CLIP: f32 = 0.005;
+/// Auto-levels applies only when the white point lies more than this many codes above the black
+/// point (a nearly flat frame is left alone).
+pub const AUTO_LEVELS_MIN_SPREAD: usize = 8;
 /// Largest supported temporal history.
 pub const MAX_HISTORY: u32 = 8;
 /// Largest bilateral iteration count.
@@ -111,9 +116,9 @@ fn gaussian_table(sigma: f32, radius: usize) -> [f32; MAX_RADIUS + 1] {
     table
 }
 
-/// The flat parameter block both backends read. Mirrored by `kernels/toonflow_params.cuh`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
+kernel_struct! {
+/// The flat parameter block both backends read; the kernels get its C declaration.
+#[derive(Debug, PartialEq)]
 pub struct ToonParams {
     pub width: i32,
     pub height: i32,
@@ -146,6 +151,7 @@ pub struct ToonParams {
     /// Gaussian σ_e and 1.6σ_e for the DoG, both over `edge_radius`.
     pub edge_gauss1: [f32; MAX_RADIUS + 1],
     pub edge_gauss2: [f32; MAX_RADIUS + 1],
+}
 }
 
 impl ToonParams {
@@ -198,18 +204,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layout_matches_the_cuda_header() {
-        // 14 ints + 9 floats + 4 tables of MAX_RADIUS+1 floats, no padding.
+    fn the_block_has_no_padding() {
+        // 14 ints + 9 floats + 4 tables of MAX_RADIUS+1 floats (Pod refuses padding anyway).
         assert_eq!(
             std::mem::size_of::<ToonParams>(),
             4 * (14 + 9 + 4 * (MAX_RADIUS + 1))
         );
-        let header = include_str!("../../kernels/toonflow_params.cuh");
-        assert!(header.contains(&format!("#define TF_MAX_RADIUS {MAX_RADIUS}")));
-        assert!(header.contains(&format!("#define TF_THUMB_W {THUMB_W}")));
-        assert!(header.contains(&format!("#define TF_THUMB_H {THUMB_H}")));
-        assert!(header.contains(&format!("#define TF_HIST_BINS {HIST_BINS}")));
-        assert!(header.contains(&format!("#define TF_MAX_HISTORY {MAX_HISTORY}")));
     }
 
     #[test]
