@@ -21,7 +21,10 @@
 // Nothing here depends on values the host reads back: ring slots and the cut decision live in
 // TfState / TfFrame, so the whole sequence can be captured into a CUDA graph and replayed.
 
-#include "toonflow_params.cuh"
+// The host prepends the ABI this file relies on, generated from Rust (src/cuda/abi.rs): the
+// blocks ToonParams, TfControl, TfState and TfFrame, and the shared constants TF_MAX_RADIUS,
+// TF_THUMB_W/H, TF_HIST_BINS, TF_MAX_HISTORY, TF_AUTO_LEVELS_CLIP, TF_AUTO_LEVELS_MIN_SPREAD and
+// the launch block sizes TF_TILE_BX/BY, TF_BIL_BX/BY, TF_ANALYZE_THREADS.
 
 // Range and motion weights: the accurate expf, or __expf (the hardware ex2 with one multiply)
 // when the host builds with TOONFLOW_FAST_MATH=1; the parity tests bound the difference.
@@ -59,34 +62,8 @@ __device__ __forceinline__ float tf_ld(const tf_store* __restrict__ p, long i) {
 __device__ __forceinline__ void tf_st(tf_store* __restrict__ p, long i, float v) { p[i] = v; }
 #endif
 
-// Host -> device every frame, right after the ToonParams block (offset TF_CONTROL_OFFSET).
-struct TfControl {
-    int reset;
-    int pad[3];
-};
-
-// Persistent device state (scene detector memory and ring cursor).
-struct TfState {
-    int has_prev;
-    int ring_next;
-    int ring_len;
-    int pad;
-    float prev_thumb[TF_THUMB_W * TF_THUMB_H];
-};
-
-// Per-frame decisions, written by tf_analyze, read by tf_final, copied back to the host.
-// Mirrored by `FrameBlock` in src/cuda/backend.rs.
-struct TfFrame {
-    int scene_cut;
-    float scene_score;
-    int history_used;
-    int push_slot;
-    int levels_valid;
-    float black;
-    float white;
-    int pad;
-    int recent_slot[TF_MAX_HISTORY];
-};
+// TfControl (host -> device every frame), TfState (scene detector memory and ring cursor) and
+// TfFrame (per-frame decisions, copied back to the host) come with the generated ABI.
 
 __device__ __forceinline__ int tf_clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
@@ -131,11 +108,10 @@ __device__ __forceinline__ unsigned char tf_pack_chroma(float c, float saturatio
 
 // ---------------------------------------------------------------------------------------------
 // 1. Unpack and statistics. One thread per chroma sample: its 2x2 luma block and its (u, v).
-// Block 32x8 threads = a 64x16 luma tile; thumbnail sums and histogram gather in shared memory.
-#define TF_UNPACK_BX 32
-#define TF_UNPACK_BY 8
-#define TF_TILE_TW (2 * TF_UNPACK_BX)
-#define TF_TILE_TH (2 * TF_UNPACK_BY)
+// Block TF_TILE_BX x TF_TILE_BY threads (the host launches exactly that) = a luma tile of twice
+// that size; thumbnail sums and histogram gather in shared memory.
+#define TF_TILE_TW (2 * TF_TILE_BX)
+#define TF_TILE_TH (2 * TF_TILE_BY)
 
 extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const unsigned char* __restrict__ nv12,
                                      tf_store* __restrict__ L, tf_store* __restrict__ UV,
@@ -192,7 +168,6 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
 
 // ---------------------------------------------------------------------------------------------
 // 2. Analysis: one block of TF_ANALYZE_THREADS threads.
-#define TF_ANALYZE_THREADS 256
 
 extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
                                       const unsigned int* __restrict__ thumb_sums,
@@ -256,7 +231,7 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
     if (p->auto_levels) {
         unsigned long long total = 0ull;
         for (int b = 0; b < TF_HIST_BINS; ++b) total += shist[b];
-        const unsigned long long clip = (unsigned long long)((double)0.005f * (double)total);
+        const unsigned long long clip = (unsigned long long)((double)TF_AUTO_LEVELS_CLIP * (double)total);
         unsigned long long acc = 0ull;
         int lo = 0;
         for (int b = 0; b < TF_HIST_BINS; ++b) {
@@ -275,7 +250,7 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
                 break;
             }
         }
-        if (hi > lo + 8) {
+        if (hi > lo + TF_AUTO_LEVELS_MIN_SPREAD) {
             valid = 1;
             black = 100.0f * (float)lo / 255.0f;
             white = 100.0f * (float)hi / 255.0f;
@@ -289,8 +264,6 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
 // ---------------------------------------------------------------------------------------------
 // 3. Bilateral passes. Block TF_BIL_BX x TF_BIL_BY; grid.y covers the luma rows (first
 // `luma_blocks_y` rows of blocks) and then the chroma rows.
-#define TF_BIL_BX 64
-#define TF_BIL_BY 4
 
 __device__ __forceinline__ void tf_dog_pair_row(const ToonParams* __restrict__ p, const tf_store* __restrict__ row,
                                                 int x, int W, float* g1, float* g2)
@@ -428,8 +401,9 @@ extern "C" __global__ void tf_dog_x(const ToonParams* __restrict__ p, const tf_s
 
 // ---------------------------------------------------------------------------------------------
 // 3b. Temporal filter of the features, in place, and the ring push of the raw features. One thread
-// per chroma sample (its 2x2 luma block), block 32x8. Each thread reads a pixel's history before
-// it overwrites that pixel's push slot, so the oldest entry can be reused in the same launch.
+// per chroma sample (its 2x2 luma block), block TF_TILE_BX x TF_TILE_BY. Each thread reads a
+// pixel's history before it overwrites that pixel's push slot, so the oldest entry can be reused
+// in the same launch.
 extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
                                        tf_store* __restrict__ L, tf_store* __restrict__ UV,
                                        tf_store* __restrict__ ring, long slot_elems, long slot_luma_elems)
@@ -491,7 +465,7 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
 
 // ---------------------------------------------------------------------------------------------
 // 4-6. DoG y pass + edge factor, auto-levels, quantize, compose and pack. One thread per chroma
-// sample (its 2x2 luma block), block 32x8.
+// sample (its 2x2 luma block), block TF_TILE_BX x TF_TILE_BY.
 extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
                                     const tf_store* __restrict__ L, const tf_store* __restrict__ UV,
                                     const float* __restrict__ dog1, const float* __restrict__ dog2,

@@ -260,7 +260,7 @@ fn a_cap_below_the_plan_is_a_clear_error() {
     let f = Frame::new(w, h);
     match CudaPipeline::new(0, f.geometry, shape(w, h, Precision::Fp16), 1_000_000, true) {
         Err(CudaError::OutOfMemory(m)) => {
-            assert!(m.contains("max-device-memory"), "{m}");
+            assert!(m.message.contains("max-device-memory"), "{m}");
             println!("cap error: {m}");
         }
         Err(e) => panic!("expected OutOfMemory, got {e}"),

@@ -5,8 +5,8 @@ mod common;
 mod cuda_common;
 
 use cuda_common::*;
-use gsttoonflow::cuda::plan::default_shape;
-use gsttoonflow::cuda::{CudaPipeline, MemoryPlan, PinnedHostBuffer};
+use gsttoonflow::cuda::plan::{classic_plan, default_shape};
+use gsttoonflow::cuda::{CudaPipeline, PinnedHostBuffer};
 use gsttoonflow::pipeline::{Nv12Frame, Nv12FrameMut, Precision};
 
 const SIZES: [(usize, usize); 3] = [(1280, 720), (1920, 1080), (3840, 2160)];
@@ -15,7 +15,7 @@ const SIZES: [(usize, usize); 3] = [(1280, 720), (1920, 1080), (3840, 2160)];
 fn memory_plans() {
     for (w, h) in SIZES {
         for prec in [Precision::Fp16, Precision::Fp32] {
-            let p = MemoryPlan::for_shape(&default_shape(w as u32, h as u32, prec));
+            let p = classic_plan(&default_shape(w as u32, h as u32, prec));
             println!(
                 "plan {w}x{h} {prec:?} history 4: arena {} bytes ({:.1} MB), peak live {} bytes, utilisation {:.1}%",
                 p.arena_bytes,
@@ -27,7 +27,7 @@ fn memory_plans() {
     }
     println!(
         "{}",
-        MemoryPlan::for_shape(&default_shape(1920, 1080, Precision::Fp16)).describe()
+        classic_plan(&default_shape(1920, 1080, Precision::Fp16)).describe()
     );
 }
 

@@ -7,16 +7,16 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, DriverError};
+use cudarc::driver::CudaContext;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::CudaError;
+use super::error::{CudaError, driver};
 
 static CONTEXTS: Lazy<Mutex<HashMap<usize, Arc<CudaContext>>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
 
-/// Runs `f`, turning a panic inside cudarc into [`CudaError::Failed`].
+/// Runs `f`, turning a panic inside cudarc into [`CudaError::Panicked`].
 pub(crate) fn guard<T>(
     what: &str,
     f: impl FnOnce() -> Result<T, CudaError>,
@@ -29,32 +29,29 @@ pub(crate) fn guard<T>(
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".into());
-            Err(CudaError::Failed(format!("{what}: cudarc panicked: {msg}")))
+            Err(CudaError::Panicked {
+                what: what.to_string(),
+                message: msg,
+            })
         }
     }
 }
 
-/// A driver error as text (`CUDA_ERROR_...: description`).
-pub(crate) fn driver_msg(e: &DriverError) -> String {
-    format!("{e}")
-}
-
-pub(crate) fn failed(what: &str) -> impl FnOnce(DriverError) -> CudaError + '_ {
-    move |e| CudaError::Failed(format!("{what}: {}", driver_msg(&e)))
-}
-
 /// libcuda and NVRTC load? Never panics.
 pub fn libraries_present() -> Result<(), CudaError> {
+    // SAFETY: `is_culib_present` only tries to dlopen the library; a failure to load is caught
+    // (cudarc may panic) and means "absent".
     let cuda = catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false);
     if !cuda {
-        return Err(CudaError::Unavailable(
-            "libcuda (the NVIDIA driver library) cannot be loaded".into(),
+        return Err(CudaError::unavailable(
+            "libcuda (the NVIDIA driver library) cannot be loaded",
         ));
     }
+    // SAFETY: as above, for NVRTC.
     let nvrtc = catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false);
     if !nvrtc {
-        return Err(CudaError::Unavailable(
-            "libnvrtc (the CUDA runtime compiler) cannot be loaded".into(),
+        return Err(CudaError::unavailable(
+            "libnvrtc (the CUDA runtime compiler) cannot be loaded",
         ));
     }
     Ok(())
@@ -69,21 +66,21 @@ pub fn context(device_id: usize) -> Result<Arc<CudaContext>, CudaError> {
         return Ok(ctx.clone());
     }
     let ctx = guard("creating the CUDA context", || {
-        let count = CudaContext::device_count()
-            .map_err(|e| CudaError::Unavailable(format!("cuInit failed: {}", driver_msg(&e))))?;
+        let count = CudaContext::device_count().map_err(|e| CudaError::Unavailable {
+            reason: "cuInit failed".into(),
+            source: Some(e),
+        })?;
         if count <= 0 {
-            return Err(CudaError::Unavailable("no CUDA device found".into()));
+            return Err(CudaError::unavailable("no CUDA device found"));
         }
         if device_id >= count as usize {
-            return Err(CudaError::Unavailable(format!(
+            return Err(CudaError::unavailable(format!(
                 "CUDA device {device_id} does not exist ({count} device(s) present)"
             )));
         }
-        let ctx = CudaContext::new(device_id).map_err(|e| {
-            CudaError::Unavailable(format!(
-                "cannot create a context on device {device_id}: {}",
-                driver_msg(&e)
-            ))
+        let ctx = CudaContext::new(device_id).map_err(|e| CudaError::Unavailable {
+            reason: format!("cannot create a context on device {device_id}"),
+            source: Some(e),
         })?;
         // SAFETY: every stream of this backend keeps its own buffers; nothing is shared
         // between streams without an explicit synchronisation.
@@ -97,10 +94,10 @@ pub fn context(device_id: usize) -> Result<Arc<CudaContext>, CudaError> {
 /// Name and compute capability of the device.
 pub fn describe(ctx: &Arc<CudaContext>) -> Result<(String, (i32, i32)), CudaError> {
     guard("querying the device", || {
-        let name = ctx.name().map_err(failed("cuDeviceGetName"))?;
+        let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
         let cc = ctx
             .compute_capability()
-            .map_err(failed("compute capability"))?;
+            .map_err(driver("compute capability"))?;
         Ok((name, cc))
     })
 }
@@ -108,7 +105,7 @@ pub fn describe(ctx: &Arc<CudaContext>) -> Result<(String, (i32, i32)), CudaErro
 /// Free and total device memory in bytes.
 pub fn memory_info(ctx: &Arc<CudaContext>) -> Result<(u64, u64), CudaError> {
     guard("cuMemGetInfo", || {
-        let (free, total) = ctx.mem_get_info().map_err(failed("cuMemGetInfo"))?;
+        let (free, total) = ctx.mem_get_info().map_err(driver("cuMemGetInfo"))?;
         Ok((free as u64, total as u64))
     })
 }

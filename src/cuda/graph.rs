@@ -1,7 +1,10 @@
-//! CUDA graph cache: which frames run eagerly, when a shape is captured, which graphs are kept.
+//! CUDA graphs of launch sequences: which runs go eagerly, when a sequence is captured, which
+//! graphs are kept.
 //!
 //! [`GraphCache`] is pure bookkeeping (no CUDA), generic over the key and the graph type so it
-//! is unit-tested without a device. Rules:
+//! is unit-tested without a device; any engine keys its own launch sequences (the classic
+//! pipeline uses [`GraphKey`]). With [`OwnedGraph`]s, [`GraphCache::run`] runs a sequence given
+//! as a closure: eagerly, by capturing it ([`capture_launches`]) or by replaying its graph. Rules:
 //! - a key runs eagerly until it has been seen on `warmup` consecutive frames ("stable"), then
 //!   the next frame captures it and later frames replay it;
 //! - at most `capacity` graphs are kept, the least recently used is evicted;
@@ -9,6 +12,16 @@
 
 use std::collections::HashSet;
 use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaGraph, CudaStream};
+
+use super::error::{CudaError, driver};
+use super::fault::{Fault, injected};
+use crate::pipeline::Shape;
+use crate::pipeline::params::{MAX_HISTORY, MAX_ITERATIONS};
 
 /// What to do for this frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,11 +120,146 @@ impl<K: Clone + Eq + Hash, G> GraphCache<K, G> {
 }
 
 /// An instantiated graph, owned by one pipeline and only used under `&mut`.
-pub(crate) struct OwnedGraph(pub cudarc::driver::CudaGraph);
+pub(crate) struct OwnedGraph(pub CudaGraph);
 
 // SAFETY: the graph is only touched through the owning pipeline's `&mut self`, so accesses are
 // serialised as the CUDA graph API requires; the raw handles are valid on any thread.
 unsafe impl Send for OwnedGraph {}
+
+/// Captures what `enqueue` puts on `stream` into a graph, instantiates it and uploads it.
+///
+/// `enqueue` must only enqueue work on `stream` (no allocation, no synchronous copy, no host
+/// read); the capture is thread-local, so other threads' CUDA work is not caught in it. With
+/// `TOONFLOW_CUDA_FAULT=capture` a stream synchronisation inside the capture makes it fail.
+pub(crate) fn capture_launches(
+    stream: &Arc<CudaStream>,
+    enqueue: impl FnOnce() -> Result<(), CudaError>,
+) -> Result<OwnedGraph, CudaError> {
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(driver("cuStreamBeginCapture"))?;
+    let mut enqueued = enqueue();
+    if injected(Fault::Capture) && enqueued.is_ok() {
+        enqueued = stream.synchronize().map_err(driver(
+            "cuStreamSynchronize inside the capture (injected fault)",
+        ));
+    }
+    // The capture is always ended, also after a failed enqueue, so the stream is usable again.
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags_enum(0));
+    enqueued?;
+    match graph.map_err(driver("cuStreamEndCapture/instantiate"))? {
+        Some(g) => {
+            g.upload().map_err(driver("cuGraphUpload"))?;
+            Ok(OwnedGraph(g))
+        }
+        None => Err(CudaError::Failed("the capture produced no graph".into())),
+    }
+}
+
+/// How [`GraphCache::run`] ran a launch sequence.
+#[derive(Debug)]
+pub(crate) enum Ran<K> {
+    Eager,
+    Replayed,
+    /// Captured (then launched); `evicted` is the key whose graph made room.
+    Captured {
+        capture_us: f64,
+        evicted: Option<K>,
+    },
+    /// The capture failed and the sequence ran eagerly; the key stays eager.
+    CaptureFailed {
+        reason: CudaError,
+    },
+}
+
+impl<K: Clone + Eq + Hash> GraphCache<K, OwnedGraph> {
+    /// Runs the launch sequence of `key`, which `enqueue` puts on `stream`: eagerly while the
+    /// key warms up or after its capture failed, captured once it is stable, replayed after.
+    pub(crate) fn run(
+        &mut self,
+        key: &K,
+        stream: &Arc<CudaStream>,
+        enqueue: impl Fn() -> Result<(), CudaError>,
+    ) -> Result<Ran<K>, CudaError> {
+        match self.decide(key) {
+            Decision::Eager => {
+                enqueue()?;
+                Ok(Ran::Eager)
+            }
+            Decision::Replay => {
+                let graph = self.get(key).expect("decide said replay");
+                graph.0.launch().map_err(driver("cuGraphLaunch"))?;
+                Ok(Ran::Replayed)
+            }
+            Decision::Capture => {
+                let start = Instant::now();
+                match capture_launches(stream, &enqueue) {
+                    Ok(graph) => {
+                        let capture_us = start.elapsed().as_secs_f64() * 1e6;
+                        graph.0.launch().map_err(driver("cuGraphLaunch"))?;
+                        let evicted = self.insert(key.clone(), graph).map(|(k, _)| k);
+                        Ok(Ran::Captured {
+                            capture_us,
+                            evicted,
+                        })
+                    }
+                    Err(reason) => {
+                        self.mark_failed(key.clone());
+                        enqueue()?;
+                        Ok(Ran::CaptureFailed { reason })
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The classic pipeline's graph key: the shape, and the bilateral iteration after which the
+/// temporal filter and the edges run (it fixes the order of the launches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphKey {
+    pub shape: Shape,
+    pub edge_iteration: u32,
+}
+
+impl GraphKey {
+    pub fn iterations(&self) -> u32 {
+        self.shape.bilateral_iterations.min(MAX_ITERATIONS)
+    }
+    /// Slots of the temporal ring (0: no temporal filter).
+    pub fn ring_capacity(&self) -> u32 {
+        self.shape.temporal_history.min(MAX_HISTORY)
+    }
+    pub fn has_ring(&self) -> bool {
+        self.ring_capacity() > 0
+    }
+    /// The DoG x pass needs its own launch when no bilateral x pass follows the edge iteration.
+    pub fn edge_at_end(&self) -> bool {
+        self.edge_iteration == self.iterations()
+    }
+    /// Kernel launches of a frame: unpack, analyze, 2 per iteration, the temporal filter when
+    /// there is a ring, the stand-alone DoG x pass when needed, final.
+    pub fn launches(&self) -> u32 {
+        3 + 2 * self.iterations() + self.has_ring() as u32 + self.edge_at_end() as u32
+    }
+}
+
+impl std::fmt::Display for GraphKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.shape;
+        write!(
+            f,
+            "{}x{} {:?} iterations {} history {} auto-levels {} edge-iteration {}",
+            s.width,
+            s.height,
+            s.precision,
+            s.bilateral_iterations,
+            s.temporal_history,
+            s.auto_levels,
+            self.edge_iteration
+        )
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -163,6 +311,28 @@ mod tests {
         assert!(c.is_failed(&7));
         c.clear();
         assert_eq!(c.decide(&7), Decision::Eager);
+    }
+
+    #[test]
+    fn a_graph_key_counts_its_launches() {
+        let shape = crate::cuda::plan::default_shape(64, 48, crate::pipeline::Precision::Fp16);
+        let key = |iterations, history, edge_iteration| GraphKey {
+            shape: Shape {
+                bilateral_iterations: iterations,
+                temporal_history: history,
+                ..shape
+            },
+            edge_iteration,
+        };
+        // unpack, analyze, 3 x (x, y), temporal, final
+        assert_eq!(key(3, 4, 1).launches(), 10);
+        // no ring, edges after the last iteration: the stand-alone DoG x pass instead
+        assert_eq!(key(3, 0, 3).launches(), 10);
+        // unpack, analyze, DoG x, final
+        assert_eq!(key(0, 0, 0).launches(), 4);
+        assert_eq!(key(0, 2, 0).launches(), 5);
+        assert_eq!(key(20, 20, 1).iterations(), MAX_ITERATIONS);
+        assert_eq!(key(20, 20, 1).ring_capacity(), MAX_HISTORY);
     }
 
     #[test]

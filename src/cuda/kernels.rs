@@ -6,18 +6,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaFunction};
-use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+use cudarc::nvrtc::{CompileOptions, Ptx};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::CudaError;
-use super::context::{describe, failed, guard};
+use super::abi;
+use super::context::{describe, guard};
+use super::error::{CudaError, driver};
 use super::fault::{Fault, injected};
 use crate::pipeline::Precision;
 
-/// The kernel source and its header, embedded at build time.
+/// The kernel source, embedded at build time (without the ABI header, see [`full_source`]).
 pub const KERNEL_SOURCE: &str = include_str!("../../kernels/toonflow.cu");
-pub const PARAMS_HEADER: &str = include_str!("../../kernels/toonflow_params.cuh");
+/// The name NVRTC and its log give the translation unit.
+pub const KERNEL_FILE: &str = "toonflow.cu";
 
 /// Names of the kernels in `toonflow.cu`.
 pub const KERNEL_NAMES: [&str; 7] = [
@@ -58,17 +60,15 @@ pub fn exact_math() -> bool {
     !std::env::var("TOONFLOW_FAST_MATH").is_ok_and(|v| v == "1")
 }
 
-/// The translation unit NVRTC sees: the header pasted in place of its `#include`.
+/// The translation unit NVRTC sees: the build switches, the ABI generated from Rust
+/// ([`abi::header`]), then `kernels/toonflow.cu`.
 pub fn full_source(precision: Precision) -> String {
-    let header: String = PARAMS_HEADER
-        .lines()
-        .filter(|l| l.trim() != "#pragma once")
-        .collect::<Vec<_>>()
-        .join("\n");
-    let body = KERNEL_SOURCE.replace("#include \"toonflow_params.cuh\"", &header);
     let fp16 = matches!(precision, Precision::Fp16) as i32;
     let fast = !exact_math() as i32;
-    format!("#define TF_FP16 {fp16}\n#define TF_FAST_EXP {fast}\n{body}")
+    format!(
+        "#define TF_FP16 {fp16}\n#define TF_FAST_EXP {fast}\n{}\n#line 1 \"{KERNEL_FILE}\"\n{KERNEL_SOURCE}",
+        abi::header()
+    )
 }
 
 /// Compiles the kernels to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
@@ -89,7 +89,7 @@ pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaEr
         ftz: Some(false),
         use_fast_math: Some(false),
         options: vec![format!("--gpu-architecture={arch}"), "--std=c++14".into()],
-        name: Some("toonflow.cu".into()),
+        name: Some(KERNEL_FILE.into()),
         ..Default::default()
     };
     let mut src = full_source(precision);
@@ -97,12 +97,10 @@ pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaEr
         src.push_str("\n#error \"fault injected by TOONFLOW_CUDA_FAULT=compile\"\n");
     }
     let ptx = guard("NVRTC", || {
-        cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| match e {
-            CompileError::CompileError { nvrtc, log, .. } => CudaError::Failed(format!(
-                "NVRTC could not compile toonflow.cu for {arch} ({nvrtc:?}):\n{}",
-                log.to_string_lossy()
-            )),
-            other => CudaError::Failed(format!("NVRTC failed: {other:?}")),
+        cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|source| CudaError::Compile {
+            file: KERNEL_FILE,
+            arch: arch.to_string(),
+            source,
         })
     })?;
     let text = ptx.to_src();
@@ -129,11 +127,11 @@ pub fn kernels(ctx: &Arc<CudaContext>, precision: Precision) -> Result<Arc<Kerne
     let k = guard("loading the kernels", || {
         let module = ctx
             .load_module(Ptx::from_src(ptx))
-            .map_err(failed("cuModuleLoadData"))?;
+            .map_err(driver("cuModuleLoadData"))?;
         let f = |name: &str| {
             module
                 .load_function(name)
-                .map_err(|e| CudaError::Failed(format!("kernel {name}: {e}")))
+                .map_err(driver(format!("kernel {name}")))
         };
         Ok(Kernels {
             precision,
@@ -168,35 +166,26 @@ mod tests {
         }
         assert!(full_source(Precision::Fp32).starts_with("#define TF_FP16 0"));
     }
-}
 
-#[cfg(test)]
-mod nvrtc_tests {
-    use super::*;
-
-    /// NVRTC needs no GPU: where the library exists (a CUDA toolkit, or the nvidia-cuda-nvrtc
-    /// wheel on LD_LIBRARY_PATH) the kernels are compiled for Hopper in both precisions.
     #[test]
-    fn kernels_compile_with_nvrtc_for_sm_90() {
-        if super::super::context::libraries_present().is_err() && !nvrtc_present() {
-            println!(
-                "skipped: NVRTC not found (install a CUDA toolkit to compile the kernels here)"
+    fn the_kernel_file_writes_no_part_of_the_abi_itself() {
+        for d in abi::defines() {
+            let def = format!("#define {} ", d.name);
+            assert!(
+                !KERNEL_SOURCE.contains(&def),
+                "{def} belongs to src/cuda/abi.rs"
             );
-            return;
+            assert_eq!(
+                full_source(Precision::Fp16).matches(&def).count(),
+                1,
+                "{def}"
+            );
         }
-        for precision in [Precision::Fp16, Precision::Fp32] {
-            let (ptx, _) = compile("sm_90", precision).unwrap_or_else(|e| panic!("{e}"));
-            for name in KERNEL_NAMES {
-                assert!(
-                    ptx.contains(&format!(".entry {name}")),
-                    "{name} missing from the PTX"
-                );
-            }
+        for name in ["ToonParams", "TfControl", "TfState", "TfFrame"] {
+            assert!(
+                !KERNEL_SOURCE.contains(&format!("struct {name} {{")),
+                "{name} belongs to src/cuda/abi.rs"
+            );
         }
-    }
-
-    fn nvrtc_present() -> bool {
-        std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
-            .unwrap_or(false)
     }
 }

@@ -3,42 +3,29 @@
 //! The element talks to this module only through [`probe`], [`CudaPipeline`] and
 //! [`PinnedHostBuffer`]. Nothing here depends on GStreamer: what should be logged is returned
 //! by [`CudaPipeline::take_events`].
+//!
+//! Files: `abi` (blocks and constants shared with the kernels), `context` (one context per
+//! device), `kernels` (NVRTC build), `plan` (the classic pipeline's memory plan), `graph` (graph
+//! cache and capture), `launch` (a frame's launches), `copy` (host↔device copies), `pinned`
+//! (page-locked host memory), `pipeline` ([`CudaPipeline`]), `error` ([`CudaError`]).
 
-mod backend;
+pub mod abi;
 pub mod context;
+mod copy;
+mod error;
 pub mod fault;
 pub mod graph;
 pub mod kernels;
+mod launch;
+mod pinned;
+mod pipeline;
 pub mod plan;
 
-pub use backend::{
-    CudaPipeline, GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES, GraphKey, PinnedHostBuffer, PipelineEvent,
-    is_page_locked,
-};
+pub use error::{CudaError, MemoryShortfall};
+pub use graph::GraphKey;
+pub use pinned::{PinnedHostBuffer, is_page_locked};
+pub use pipeline::{CudaPipeline, GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES, PipelineEvent};
 pub use plan::MemoryPlan;
-
-/// Why the CUDA backend cannot run or failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CudaError {
-    /// libcuda, NVRTC or a device is missing: the element may fall back to the CPU.
-    Unavailable(String),
-    /// The memory plan is larger than `max-device-memory` or than the device has free.
-    OutOfMemory(String),
-    /// Anything else the driver or NVRTC reported.
-    Failed(String),
-}
-
-impl std::fmt::Display for CudaError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CudaError::Unavailable(m) => write!(f, "CUDA unavailable: {m}"),
-            CudaError::OutOfMemory(m) => write!(f, "device memory: {m}"),
-            CudaError::Failed(m) => write!(f, "CUDA error: {m}"),
-        }
-    }
-}
-
-impl std::error::Error for CudaError {}
 
 /// Per-frame figures of the GPU path.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -1,21 +1,22 @@
-//! The memory plan: every device buffer of a frame with its size and lifetime over the stages,
-//! laid into one arena so that buffers whose lifetimes do not overlap share space.
+//! The classic pipeline's memory plan: every device buffer of a frame with its size and
+//! lifetime over the stages, laid by the generic arena planner ([`crate::memplan`]) into one
+//! arena so that buffers whose lifetimes do not overlap share space.
 //!
 //! Pure Rust, no CUDA: the element can compute and report a plan without a device.
 
-use super::CudaError;
-use crate::pipeline::params::{HIST_BINS, MAX_HISTORY, THUMB_H, THUMB_W};
+use super::abi::{TfControl, TfFrame, TfState};
+use super::error::CudaError;
+use crate::pipeline::params::{HIST_BINS, MAX_HISTORY, MAX_ITERATIONS, THUMB_H, THUMB_W};
 use crate::pipeline::{Precision, Shape, ToonParams};
 
+pub use super::abi::CONTROL_OFFSET;
 pub use crate::memplan::{ALIGN, ArenaPlan, BufferRequest, PlannedBuffer, mib};
-/// Where the per-frame control block sits inside the parameter buffer.
-pub const CONTROL_OFFSET: u64 = 512;
 /// Bytes of the per-frame control block (`TfControl`).
-pub const CONTROL_BYTES: u64 = 16;
+pub const CONTROL_BYTES: u64 = std::mem::size_of::<TfControl>() as u64;
 /// Bytes of the per-frame decision block (`TfFrame`).
-pub const FRAME_BLOCK_BYTES: u64 = 64;
+pub const FRAME_BLOCK_BYTES: u64 = std::mem::size_of::<TfFrame>() as u64;
 /// Bytes of the persistent state (`TfState`).
-pub const STATE_BYTES: u64 = 16 + 4 * (THUMB_W * THUMB_H) as u64;
+pub const STATE_BYTES: u64 = std::mem::size_of::<TfState>() as u64;
 /// Bytes of the statistics gathered by unpack: thumbnail block sums then the histogram.
 pub const STATS_BYTES: u64 = 4 * (THUMB_W * THUMB_H + HIST_BINS) as u64;
 
@@ -74,144 +75,140 @@ impl Stages {
 /// The classic pipeline's plan is an arena plan.
 pub type MemoryPlan = ArenaPlan;
 
-impl ArenaPlan {
-    /// The plan of a frame of `shape`.
-    pub fn for_shape(shape: &Shape) -> Self {
-        use names::*;
-        let (w, h) = (shape.width as u64, shape.height as u64);
-        let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
-        let e = shape.precision.bytes() as u64;
-        let n = shape
-            .bilateral_iterations
-            .min(crate::pipeline::params::MAX_ITERATIONS);
-        let cap = shape.temporal_history.min(MAX_HISTORY) as u64;
-        let st = Stages { iterations: n };
-        let last = st.download();
-        let luma = w * h * e;
-        let chroma = 2 * cw * ch * e;
-        let nv12 = w * h + 2 * cw * ch;
-        let mut r = vec![
-            BufferRequest {
-                name: PARAMS.into(),
-                bytes: CONTROL_OFFSET + CONTROL_BYTES,
-                first: 0,
-                last,
-            },
-            BufferRequest {
-                name: STATE.into(),
-                bytes: STATE_BYTES,
-                first: 0,
-                last,
-            },
-            BufferRequest {
-                name: FRAME.into(),
-                bytes: FRAME_BLOCK_BYTES,
-                first: 0,
-                last,
-            },
-            BufferRequest {
-                name: STATS.into(),
-                bytes: STATS_BYTES,
-                first: Stages::UNPACK,
-                last: Stages::ANALYZE,
-            },
-            BufferRequest {
-                name: NV12_IN.into(),
-                bytes: nv12,
-                first: Stages::UNPACK,
-                last: Stages::UNPACK,
-            },
-            BufferRequest {
-                name: FEAT_L.into(),
-                bytes: luma,
-                first: Stages::UNPACK,
-                last: st.final_(),
-            },
-            BufferRequest {
-                name: FEAT_UV.into(),
-                bytes: chroma,
-                first: Stages::UNPACK,
-                last: st.final_(),
-            },
-        ];
-        if n > 0 {
-            let (a, b) = (Stages::FIRST_BILATERAL, Stages::FIRST_BILATERAL + 2 * n - 1);
-            r.push(BufferRequest {
-                name: TMP_L.into(),
-                bytes: luma,
-                first: a,
-                last: b,
-            });
-            r.push(BufferRequest {
-                name: TMP_UV.into(),
-                bytes: chroma,
-                first: a,
-                last: b,
-            });
-        }
-        // The DoG x pass is fused into the bilateral x pass after the edge iteration, so the
-        // DoG planes are live from the first bilateral stage on (or from the stand-alone pass).
-        let dog_first = if n > 0 {
-            Stages::FIRST_BILATERAL
-        } else {
-            st.dog()
-        };
-        r.push(BufferRequest {
-            name: DOG1.into(),
-            bytes: w * h * 4,
-            first: dog_first,
-            last: st.final_(),
-        });
-        r.push(BufferRequest {
-            name: DOG2.into(),
-            bytes: w * h * 4,
-            first: dog_first,
-            last: st.final_(),
-        });
-        if cap > 0 {
-            r.push(BufferRequest {
-                name: RING.into(),
-                bytes: cap * (luma + chroma),
-                first: 0,
-                last,
-            });
-        }
-        r.push(BufferRequest {
-            name: NV12_OUT.into(),
+/// The plan of a frame of `shape`.
+pub fn classic_plan(shape: &Shape) -> MemoryPlan {
+    use names::*;
+    let (w, h) = (shape.width as u64, shape.height as u64);
+    let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+    let e = shape.precision.bytes() as u64;
+    let n = shape.bilateral_iterations.min(MAX_ITERATIONS);
+    let cap = shape.temporal_history.min(MAX_HISTORY) as u64;
+    let st = Stages { iterations: n };
+    let last = st.download();
+    let luma = w * h * e;
+    let chroma = 2 * cw * ch * e;
+    let nv12 = w * h + 2 * cw * ch;
+    let mut r = vec![
+        BufferRequest {
+            name: PARAMS.into(),
+            bytes: CONTROL_OFFSET + CONTROL_BYTES,
+            first: 0,
+            last,
+        },
+        BufferRequest {
+            name: STATE.into(),
+            bytes: STATE_BYTES,
+            first: 0,
+            last,
+        },
+        BufferRequest {
+            name: FRAME.into(),
+            bytes: FRAME_BLOCK_BYTES,
+            first: 0,
+            last,
+        },
+        BufferRequest {
+            name: STATS.into(),
+            bytes: STATS_BYTES,
+            first: Stages::UNPACK,
+            last: Stages::ANALYZE,
+        },
+        BufferRequest {
+            name: NV12_IN.into(),
             bytes: nv12,
-            first: st.final_(),
+            first: Stages::UNPACK,
+            last: Stages::UNPACK,
+        },
+        BufferRequest {
+            name: FEAT_L.into(),
+            bytes: luma,
+            first: Stages::UNPACK,
+            last: st.final_(),
+        },
+        BufferRequest {
+            name: FEAT_UV.into(),
+            bytes: chroma,
+            first: Stages::UNPACK,
+            last: st.final_(),
+        },
+    ];
+    if n > 0 {
+        let (a, b) = (Stages::FIRST_BILATERAL, Stages::FIRST_BILATERAL + 2 * n - 1);
+        r.push(BufferRequest {
+            name: TMP_L.into(),
+            bytes: luma,
+            first: a,
+            last: b,
+        });
+        r.push(BufferRequest {
+            name: TMP_UV.into(),
+            bytes: chroma,
+            first: a,
+            last: b,
+        });
+    }
+    // The DoG x pass is fused into the bilateral x pass after the edge iteration, so the
+    // DoG planes are live from the first bilateral stage on (or from the stand-alone pass).
+    let dog_first = if n > 0 {
+        Stages::FIRST_BILATERAL
+    } else {
+        st.dog()
+    };
+    r.push(BufferRequest {
+        name: DOG1.into(),
+        bytes: w * h * 4,
+        first: dog_first,
+        last: st.final_(),
+    });
+    r.push(BufferRequest {
+        name: DOG2.into(),
+        bytes: w * h * 4,
+        first: dog_first,
+        last: st.final_(),
+    });
+    if cap > 0 {
+        r.push(BufferRequest {
+            name: RING.into(),
+            bytes: cap * (luma + chroma),
+            first: 0,
             last,
         });
-        let label = format!(
-            "{}x{} {} history {} iterations {}",
-            shape.width,
-            shape.height,
-            match shape.precision {
-                Precision::Fp16 => "fp16",
-                Precision::Fp32 => "fp32",
-            },
-            cap,
-            n
-        );
-        Self::layout(&r, st.names(), label)
     }
+    r.push(BufferRequest {
+        name: NV12_OUT.into(),
+        bytes: nv12,
+        first: st.final_(),
+        last,
+    });
+    let label = format!(
+        "{}x{} {} history {} iterations {}",
+        shape.width,
+        shape.height,
+        match shape.precision {
+            Precision::Fp16 => "fp16",
+            Precision::Fp32 => "fp32",
+        },
+        cap,
+        n
+    );
+    ArenaPlan::layout(&r, st.names(), label)
+}
 
-    /// Checks the plan against `max-device-memory` (0 = no cap).
-    pub fn check_cap(&self, max_device_memory: u64) -> Result<(), CudaError> {
-        if max_device_memory != 0 && self.arena_bytes > max_device_memory {
-            return Err(CudaError::OutOfMemory(format!(
-                "the memory plan for {} needs {} bytes ({:.1} MiB) of device memory, more than \
-                 max-device-memory allows ({} bytes, {:.1} MiB); raise max-device-memory or lower \
-                 the resolution, temporal-history or precision",
-                self.label,
-                self.arena_bytes,
-                mib(self.arena_bytes),
-                max_device_memory,
-                mib(max_device_memory)
-            )));
-        }
-        Ok(())
+/// Checks `plan` against `max-device-memory` (0 = no cap).
+pub fn check_cap(plan: &MemoryPlan, max_device_memory: u64) -> Result<(), CudaError> {
+    if max_device_memory != 0 && plan.arena_bytes > max_device_memory {
+        return Err(CudaError::out_of_memory(format!(
+            "the memory plan for {} needs {} bytes ({:.1} MiB) of device memory, more than \
+             max-device-memory allows ({} bytes, {:.1} MiB); raise max-device-memory or lower \
+             the resolution, temporal-history or precision",
+            plan.label,
+            plan.arena_bytes,
+            mib(plan.arena_bytes),
+            max_device_memory,
+            mib(max_device_memory)
+        )));
     }
+    Ok(())
 }
 
 /// A `Shape` with the element's defaults at `width`×`height`.
@@ -278,7 +275,7 @@ mod tests {
 
     #[test]
     fn default_1080p_fp16_meets_the_goal() {
-        let p = MemoryPlan::for_shape(&default_shape(1920, 1080, Precision::Fp16));
+        let p = classic_plan(&default_shape(1920, 1080, Precision::Fp16));
         p.validate().unwrap();
         assert!(p.arena_bytes <= 64_000_000, "{}", p.describe());
         assert!(p.utilisation() >= 0.95, "{}", p.describe());
@@ -295,7 +292,7 @@ mod tests {
                             temporal_history: hist,
                             ..default_shape(w, h, prec)
                         };
-                        let p = MemoryPlan::for_shape(&s);
+                        let p = classic_plan(&s);
                         p.validate()
                             .unwrap_or_else(|e| panic!("{e}\n{}", p.describe()));
                         assert_eq!(p.buffer(names::RING).is_some(), hist > 0);
@@ -307,11 +304,15 @@ mod tests {
 
     #[test]
     fn cap_gives_a_clear_error() {
-        let p = MemoryPlan::for_shape(&default_shape(1920, 1080, Precision::Fp16));
-        assert!(p.check_cap(0).is_ok());
-        assert!(p.check_cap(p.arena_bytes).is_ok());
-        match p.check_cap(p.arena_bytes - 1) {
-            Err(CudaError::OutOfMemory(m)) => assert!(m.contains("max-device-memory"), "{m}"),
+        let p = classic_plan(&default_shape(1920, 1080, Precision::Fp16));
+        assert!(check_cap(&p, 0).is_ok());
+        assert!(check_cap(&p, p.arena_bytes).is_ok());
+        match check_cap(&p, p.arena_bytes - 1) {
+            Err(e @ CudaError::OutOfMemory(_)) => {
+                let m = e.to_string();
+                assert!(m.starts_with("device memory: the memory plan for"), "{m}");
+                assert!(m.contains("max-device-memory"), "{m}");
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -319,7 +320,7 @@ mod tests {
     #[test]
     fn print_plans() {
         for (w, h) in [(1280, 720), (1920, 1080), (3840, 2160)] {
-            let p = MemoryPlan::for_shape(&default_shape(w, h, Precision::Fp16));
+            let p = classic_plan(&default_shape(w, h, Precision::Fp16));
             println!(
                 "{w}x{h} fp16: arena {} bytes, peak {} bytes, utilisation {:.1}%",
                 p.arena_bytes,

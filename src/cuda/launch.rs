@@ -1,0 +1,236 @@
+//! The classic pipeline's launches: the device addresses of the planned buffers and the
+//! sequence of a frame (a memset and the kernels), enqueued on one stream. Nothing here reads
+//! from the device or allocates, so the sequence can be captured into a graph.
+
+use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg, sys};
+
+use super::abi::{ANALYZE_THREADS, BILATERAL_BLOCK, CONTROL_OFFSET, TILE_BLOCK};
+use super::error::{CudaError, driver};
+use super::graph::GraphKey;
+use super::kernels::Kernels;
+use super::plan::{MemoryPlan, STATS_BYTES, names};
+use crate::pipeline::params::{THUMB_H, THUMB_W};
+
+/// Device addresses of the planned buffers (0 for a buffer the plan does not have).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DevicePtrs {
+    pub params: u64,
+    pub control: u64,
+    pub state: u64,
+    pub frame: u64,
+    pub thumb: u64,
+    pub hist: u64,
+    pub nv12_in: u64,
+    pub feat_l: u64,
+    pub feat_uv: u64,
+    pub tmp_l: u64,
+    pub tmp_uv: u64,
+    pub dog1: u64,
+    pub dog2: u64,
+    pub ring: u64,
+    pub nv12_out: u64,
+}
+
+impl DevicePtrs {
+    /// The addresses of `plan`'s buffers in an arena at `base`.
+    pub fn new(plan: &MemoryPlan, base: u64) -> Self {
+        let at = |n: &str| plan.offset(n).map_or(0, |o| base + o);
+        let stats = at(names::STATS);
+        DevicePtrs {
+            params: at(names::PARAMS),
+            control: at(names::PARAMS) + CONTROL_OFFSET,
+            state: at(names::STATE),
+            frame: at(names::FRAME),
+            // The statistics buffer holds the thumbnail block sums, then the histogram.
+            thumb: stats,
+            hist: stats + 4 * (THUMB_W * THUMB_H) as u64,
+            nv12_in: at(names::NV12_IN),
+            feat_l: at(names::FEAT_L),
+            feat_uv: at(names::FEAT_UV),
+            tmp_l: at(names::TMP_L),
+            tmp_uv: at(names::TMP_UV),
+            dog1: at(names::DOG1),
+            dog2: at(names::DOG2),
+            ring: at(names::RING),
+            nv12_out: at(names::NV12_OUT),
+        }
+    }
+}
+
+/// Blocks of `block` threads covering `width`×`height` threads (at least one block each way).
+fn grid(width: u32, height: u32, block: (u32, u32)) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            width.div_ceil(block.0).max(1),
+            height.div_ceil(block.1).max(1),
+            1,
+        ),
+        block_dim: (block.0, block.1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Puts a frame of `key`'s shape on `stream`: the statistics memset, unpack, analyze, the
+/// bilateral iterations with the temporal filter after `key.edge_iteration` of them, the
+/// stand-alone DoG x pass when needed, final. Exactly `key.launches()` kernels.
+pub(crate) fn enqueue_frame(
+    stream: &CudaStream,
+    k: &Kernels,
+    p: &DevicePtrs,
+    key: &GraphKey,
+) -> Result<(), CudaError> {
+    let s = stream;
+    let (w, h) = (key.shape.width, key.shape.height);
+    let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+    let n = key.iterations();
+    let capacity = key.ring_capacity() as i32;
+    // SAFETY: `p.thumb` addresses the statistics buffer of STATS_BYTES bytes in the arena.
+    unsafe {
+        sys::cuMemsetD32Async(p.thumb, 0, (STATS_BYTES / 4) as usize, s.cu_stream())
+            .result()
+            .map_err(driver("cuMemsetD32Async"))?;
+    }
+    // One thread per chroma sample.
+    let tile = grid(cw, ch, TILE_BLOCK);
+    // The luma rows' blocks, then the chroma rows' blocks, in one launch.
+    let luma_blocks_y = h.div_ceil(BILATERAL_BLOCK.1) as i32;
+    let bil = grid(
+        w,
+        h.div_ceil(BILATERAL_BLOCK.1) * BILATERAL_BLOCK.1 + ch,
+        BILATERAL_BLOCK,
+    );
+    let luma_elems = (w as i64) * (h as i64);
+    let slot_elems = luma_elems + 2 * (cw as i64) * (ch as i64);
+
+    // SAFETY (every launch below): the arguments match the kernels' signatures in
+    // kernels/toonflow.cu one for one (device addresses as u64, `int` as i32, `long` as i64);
+    // every address lies in the pipeline's arena, laid out by the plan for `key.shape`, which
+    // outlives the launches (and any graph captured from them); the grids cover the planes the
+    // kernels index and the kernels bound-check the rest.
+    unsafe {
+        s.launch_builder(&k.unpack)
+            .arg(&p.params)
+            .arg(&p.nv12_in)
+            .arg(&p.feat_l)
+            .arg(&p.feat_uv)
+            .arg(&p.thumb)
+            .arg(&p.hist)
+            .launch(tile)
+            .map_err(driver("tf_unpack"))?;
+        s.launch_builder(&k.analyze)
+            .arg(&p.params)
+            .arg(&p.control)
+            .arg(&p.thumb)
+            .arg(&p.hist)
+            .arg(&p.state)
+            .arg(&p.frame)
+            .arg(&capacity)
+            .launch(grid(ANALYZE_THREADS, 1, (ANALYZE_THREADS, 1)))
+            .map_err(driver("tf_analyze"))?;
+    }
+    // The temporal filter runs on the features after `edge_iteration` iterations; the x pass
+    // that follows it (or tf_dog_x) takes the DoG x pass of the filtered luma.
+    let temporal = || {
+        if !key.has_ring() {
+            return Ok(());
+        }
+        // SAFETY: as for the launches above.
+        unsafe {
+            s.launch_builder(&k.temporal)
+                .arg(&p.params)
+                .arg(&p.frame)
+                .arg(&p.feat_l)
+                .arg(&p.feat_uv)
+                .arg(&p.ring)
+                .arg(&slot_elems)
+                .arg(&luma_elems)
+                .launch(tile)
+                .map(|_| ())
+                .map_err(driver("tf_temporal"))
+        }
+    };
+    let iters: Vec<i32> = (0..n as i32).collect();
+    for it in &iters {
+        if *it as u32 == key.edge_iteration {
+            temporal()?;
+        }
+        // SAFETY: as for the launches above.
+        unsafe {
+            s.launch_builder(&k.bilateral_x)
+                .arg(&p.params)
+                .arg(&p.feat_l)
+                .arg(&p.feat_uv)
+                .arg(&p.tmp_l)
+                .arg(&p.tmp_uv)
+                .arg(&p.dog1)
+                .arg(&p.dog2)
+                .arg(it)
+                .arg(&luma_blocks_y)
+                .launch(bil)
+                .map_err(driver("tf_bilateral_x"))?;
+            s.launch_builder(&k.bilateral_y)
+                .arg(&p.params)
+                .arg(&p.tmp_l)
+                .arg(&p.tmp_uv)
+                .arg(&p.feat_l)
+                .arg(&p.feat_uv)
+                .arg(&luma_blocks_y)
+                .launch(bil)
+                .map_err(driver("tf_bilateral_y"))?;
+        }
+    }
+    if key.edge_at_end() {
+        temporal()?;
+        // SAFETY: as for the launches above.
+        unsafe {
+            s.launch_builder(&k.dog_x)
+                .arg(&p.params)
+                .arg(&p.feat_l)
+                .arg(&p.dog1)
+                .arg(&p.dog2)
+                .launch(grid(w, h, BILATERAL_BLOCK))
+                .map_err(driver("tf_dog_x"))?;
+        }
+    }
+    // SAFETY: as for the launches above.
+    unsafe {
+        s.launch_builder(&k.final_)
+            .arg(&p.params)
+            .arg(&p.frame)
+            .arg(&p.feat_l)
+            .arg(&p.feat_uv)
+            .arg(&p.dog1)
+            .arg(&p.dog2)
+            .arg(&p.nv12_out)
+            .launch(tile)
+            .map_err(driver("tf_final"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The launch shapes the kernels were written and verified for.
+    #[test]
+    fn grids_match_the_verified_launches() {
+        for (w, h) in [(1920u32, 1080u32), (2, 2), (130, 74), (3840, 2160), (17, 9)] {
+            let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+            let tile = grid(cw, ch, TILE_BLOCK);
+            assert_eq!(tile.grid_dim, (cw.div_ceil(32), ch.div_ceil(8), 1));
+            assert_eq!(tile.block_dim, (32, 8, 1));
+            let bil = grid(w, h.div_ceil(4) * 4 + ch, BILATERAL_BLOCK);
+            assert_eq!(
+                bil.grid_dim,
+                (w.div_ceil(64), h.div_ceil(4) + ch.div_ceil(4), 1)
+            );
+            assert_eq!(bil.block_dim, (64, 4, 1));
+            let dog = grid(w, h, BILATERAL_BLOCK);
+            assert_eq!(dog.grid_dim, (w.div_ceil(64), h.div_ceil(4), 1));
+        }
+        let analyze = grid(ANALYZE_THREADS, 1, (ANALYZE_THREADS, 1));
+        assert_eq!(analyze.grid_dim, (1, 1, 1));
+        assert_eq!(analyze.block_dim, (256, 1, 1));
+    }
+}

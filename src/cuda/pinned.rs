@@ -1,0 +1,105 @@
+//! Page-locked host memory: [`PinnedHostBuffer`] and [`is_page_locked`].
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, result, sys};
+
+use super::context::{context, guard, libraries_present};
+use super::error::{CudaError, MemoryShortfall, driver};
+
+/// Page-locked host memory (cuMemHostAlloc, flags 0: cached, so the CPU reads it fast too).
+/// Freed on drop. Copies from and to it run at PCIe speed and asynchronously.
+pub struct PinnedHostBuffer {
+    ptr: *mut u8,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: plain host memory; the pointer is owned and freed once, in `drop`.
+unsafe impl Send for PinnedHostBuffer {}
+// SAFETY: shared access only reads through `&[u8]`; writes need `&mut self`.
+unsafe impl Sync for PinnedHostBuffer {}
+
+impl PinnedHostBuffer {
+    /// `len` bytes of page-locked memory registered with `device_id`'s context, zeroed.
+    pub fn new(device_id: usize, len: usize) -> Result<Self, CudaError> {
+        let ctx = context(device_id)?;
+        let bytes = len.max(1);
+        guard("cuMemHostAlloc", || {
+            ctx.bind_to_thread()
+                .map_err(driver("binding the context"))?;
+            // SAFETY: the context is current on this thread; flags 0 ask for plain cached
+            // page-locked memory. The pointer is checked by the driver's result.
+            let ptr = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| {
+                CudaError::OutOfMemory(MemoryShortfall {
+                    message: format!("cannot allocate {len} bytes of page-locked host memory"),
+                    source: Some(e),
+                })
+            })? as *mut u8;
+            // SAFETY: `ptr` points to `bytes` freshly allocated, writable bytes.
+            unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
+            Ok(PinnedHostBuffer { ptr, len, ctx })
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl std::ops::Deref for PinnedHostBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` holds at least `len` initialised (zeroed at allocation) bytes that live
+        // as long as `self`; mutation needs `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for PinnedHostBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedHostBuffer {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` came from `malloc_host` in this context and is freed only here.
+        let _ = unsafe { result::free_host(self.ptr as _) };
+    }
+}
+
+impl std::fmt::Debug for PinnedHostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PinnedHostBuffer({} bytes)", self.len)
+    }
+}
+
+/// True when `ptr` lies in page-locked memory known to CUDA (cuMemHostAlloc / registered).
+pub fn is_page_locked(ptr: *const u8) -> bool {
+    if libraries_present().is_err() {
+        return false;
+    }
+    let addr = ptr as usize;
+    std::panic::catch_unwind(move || {
+        let mut flags = 0u32;
+        // SAFETY: cuMemHostGetFlags only looks the address up (any address is allowed: an
+        // unknown one returns an error) and writes the flags to a local.
+        unsafe { sys::cuMemHostGetFlags(&mut flags, addr as *mut _) == sys::CUresult::CUDA_SUCCESS }
+    })
+    .unwrap_or(false)
+}

@@ -1,0 +1,567 @@
+//! [`CudaPipeline`]: one element instance's stream, arena, graph cache and temporal ring.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result};
+
+use super::GpuFrameStats;
+use super::abi::{CONTROL_OFFSET, TfControl, TfFrame};
+use super::context::{context, describe, guard, memory_info};
+use super::copy::{copy_2d_d2h, copy_2d_h2d, copy_d2h, copy_h2d};
+use super::error::{CudaError, MemoryShortfall, driver};
+use super::fault::{Fault, injected};
+use super::graph::{GraphCache, GraphKey, OwnedGraph, Ran};
+use super::kernels::{Kernels, kernels};
+use super::launch::{DevicePtrs, enqueue_frame};
+use super::pinned::PinnedHostBuffer;
+use super::plan::{MemoryPlan, check_cap, classic_plan};
+use crate::pipeline::cpu::FrameReport;
+use crate::pipeline::params::MAX_ITERATIONS;
+use crate::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut, Precision, Shape, ToonParams};
+
+/// Frames a new shape runs eagerly before it is captured.
+pub const GRAPH_WARMUP_FRAMES: u32 = 2;
+/// Graphs kept per pipeline.
+pub const GRAPH_CACHE_SIZE: usize = 4;
+
+/// What the pipeline wants logged (the element drains these with [`CudaPipeline::take_events`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PipelineEvent {
+    /// A memory plan was made (multi-line text) and the arena allocated or reused.
+    Plan { text: String, arena_allocated: bool },
+    /// NVRTC compiled the kernels (ms = 0 when a per-process cache hit).
+    KernelsReady {
+        arch: String,
+        precision: String,
+        compile_ms: f64,
+    },
+    /// A shape was captured into a CUDA graph.
+    GraphCaptured {
+        key: String,
+        capture_us: f64,
+        launches: u32,
+    },
+    /// Capture failed: the shape runs eagerly from now on (a warning, not an error).
+    GraphCaptureFailed { key: String, reason: String },
+    /// The least recently used graph was dropped.
+    GraphEvicted { key: String },
+}
+
+/// The one device allocation of a pipeline.
+struct Arena {
+    ptr: CUdeviceptr,
+    bytes: u64,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` came from `malloc_sync` in this context and is freed only here; the
+        // pipeline drops every graph addressing it first and synchronises each frame.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// Allocates and zeroes an arena of `bytes` for `plan` (`TOONFLOW_CUDA_FAULT=alloc` asks the
+/// driver for four times the free memory instead, a real allocation failure).
+fn allocate_arena(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    plan: &MemoryPlan,
+    bytes: u64,
+) -> Result<Arena, CudaError> {
+    let (free, _) = memory_info(ctx)?;
+    let ask = if injected(Fault::Alloc) {
+        free.saturating_mul(4)
+    } else {
+        bytes
+    };
+    if bytes > free {
+        return Err(CudaError::out_of_memory(format!(
+            "the memory plan for {} needs {} bytes, the device has {} bytes free",
+            plan.label, bytes, free
+        )));
+    }
+    guard("cuMemAlloc", || {
+        ctx.bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        // SAFETY: the context is current on this thread; the result is checked.
+        let ptr = unsafe { result::malloc_sync(ask as usize) }.map_err(|e| {
+            CudaError::OutOfMemory(MemoryShortfall {
+                message: format!(
+                    "cuMemAlloc of {ask} bytes for the memory plan of {} failed",
+                    plan.label
+                ),
+                source: Some(e),
+            })
+        })?;
+        let arena = Arena {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+        };
+        // SAFETY: `ptr` is a fresh allocation of at least `bytes` bytes in this context.
+        unsafe {
+            result::memset_d8_async(ptr, 0, bytes as usize, stream.cu_stream())
+                .map_err(driver("cuMemsetD8Async"))?;
+        }
+        stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))?;
+        Ok(arena)
+    })
+}
+
+/// Layout of the page-locked staging block: parameters and control go up in one copy, the
+/// frame's decisions come back.
+const HOST_PARAMS: usize = 0;
+const HOST_CONTROL: usize = CONTROL_OFFSET as usize;
+const HOST_CONTROL_END: usize = HOST_CONTROL + std::mem::size_of::<TfControl>();
+const HOST_FRAME: usize = 1024;
+const HOST_FRAME_END: usize = HOST_FRAME + std::mem::size_of::<TfFrame>();
+const HOST_BYTES: usize = HOST_FRAME_END;
+const _: () = assert!(HOST_CONTROL_END <= HOST_FRAME);
+
+fn precision_name(s: &Shape) -> String {
+    match s.precision {
+        Precision::Fp16 => "fp16".into(),
+        Precision::Fp32 => "fp32".into(),
+    }
+}
+
+/// One element instance's GPU state: stream, arena, graph cache and temporal ring.
+pub struct CudaPipeline {
+    // Field order is drop order: graphs go before the arena their kernels address.
+    cache: GraphCache<GraphKey, OwnedGraph>,
+    /// `None` only after a shape change failed to allocate: frames are refused until a
+    /// [`CudaPipeline::set_shape`] succeeds.
+    arena: Option<Arena>,
+    host: PinnedHostBuffer,
+    events: [CudaEvent; 4],
+    stream: Arc<CudaStream>,
+    kernels: Arc<Kernels>,
+    ctx: Arc<CudaContext>,
+    device_id: usize,
+    device_name: String,
+    shape: Shape,
+    plan: MemoryPlan,
+    ptrs: DevicePtrs,
+    max_device_memory: u64,
+    use_graph: bool,
+    reset_pending: bool,
+    frames: u64,
+    device_free: u64,
+    stats: GpuFrameStats,
+    log: Vec<PipelineEvent>,
+}
+
+impl std::fmt::Debug for CudaPipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaPipeline")
+            .field("device", &self.device_name)
+            .field("shape", &self.shape)
+            .field("arena_bytes", &self.plan.arena_bytes)
+            .finish()
+    }
+}
+
+impl CudaPipeline {
+    pub fn new(
+        device_id: usize,
+        geometry: FrameGeometry,
+        shape: Shape,
+        max_device_memory: u64,
+        use_graph: bool,
+    ) -> Result<Self, CudaError> {
+        if geometry.width != shape.width as usize || geometry.height != shape.height as usize {
+            return Err(CudaError::Failed(format!(
+                "geometry {}x{} differs from the shape's {}x{}",
+                geometry.width, geometry.height, shape.width, shape.height
+            )));
+        }
+        let plan = classic_plan(&shape);
+        check_cap(&plan, max_device_memory)?;
+        let ctx = context(device_id)?;
+        let (device_name, _) = describe(&ctx)?;
+        let kernels = kernels(&ctx, shape.precision)?;
+        let host = PinnedHostBuffer::new(device_id, HOST_BYTES)?;
+        let (stream, events) = guard("creating the stream", || {
+            let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+            let ev = || {
+                ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(driver("cuEventCreate"))
+            };
+            Ok((stream, [ev()?, ev()?, ev()?, ev()?]))
+        })?;
+        let mut p = CudaPipeline {
+            cache: GraphCache::new(GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES),
+            arena: None,
+            host,
+            events,
+            stream,
+            kernels: kernels.clone(),
+            ctx,
+            device_id,
+            device_name,
+            shape,
+            plan: plan.clone(),
+            ptrs: DevicePtrs::new(&plan, 0),
+            max_device_memory,
+            use_graph,
+            reset_pending: true,
+            frames: 0,
+            device_free: 0,
+            stats: GpuFrameStats::default(),
+            log: vec![PipelineEvent::KernelsReady {
+                arch: kernels.arch.clone(),
+                precision: precision_name(&shape),
+                compile_ms: kernels.compile_ms,
+            }],
+        };
+        p.install_plan(plan)?;
+        Ok(p)
+    }
+
+    /// Makes `plan` (the plan of `self.shape`) current, reusing the arena when it is large
+    /// enough. Otherwise the graphs and the old arena are released *before* the new one is
+    /// allocated, so a pipeline never holds two; if that allocation fails the pipeline is left
+    /// without an arena (frames are refused) and the error is returned.
+    fn install_plan(&mut self, plan: MemoryPlan) -> Result<(), CudaError> {
+        let need = plan.arena_bytes.max(1);
+        let reuse = self.arena.as_ref().is_some_and(|a| a.bytes >= need);
+        self.plan = plan;
+        self.reset_pending = true;
+        if !reuse {
+            for (k, _) in self.cache.clear() {
+                self.log
+                    .push(PipelineEvent::GraphEvicted { key: k.to_string() });
+            }
+            self.arena = None;
+            self.arena = Some(allocate_arena(&self.ctx, &self.stream, &self.plan, need)?);
+            self.device_free = memory_info(&self.ctx).map(|m| m.0).unwrap_or(0);
+        }
+        let base = self.arena.as_ref().map_or(0, |a| a.ptr);
+        self.ptrs = DevicePtrs::new(&self.plan, base);
+        self.log.push(PipelineEvent::Plan {
+            text: self.plan.describe(),
+            arena_allocated: !reuse,
+        });
+        Ok(())
+    }
+
+    /// Changes the shape (resolution, iterations, history, precision, auto-levels). The arena is
+    /// reused when the new plan fits, and graphs of earlier shapes stay cached; otherwise the
+    /// old arena is freed before the new one is allocated. The temporal ring and scene detector
+    /// start empty.
+    ///
+    /// A new plan over `max-device-memory`, or kernels that fail to build, leave the pipeline as
+    /// it was. A failed allocation leaves it on the new shape without an arena: `process`
+    /// refuses frames until a later `set_shape` succeeds.
+    pub fn set_shape(&mut self, shape: Shape) -> Result<(), CudaError> {
+        if shape == self.shape && self.arena.is_some() {
+            return Ok(());
+        }
+        let plan = classic_plan(&shape);
+        check_cap(&plan, self.max_device_memory)?;
+        if shape.precision != self.kernels.precision {
+            self.kernels = kernels(&self.ctx, shape.precision)?;
+            self.log.push(PipelineEvent::KernelsReady {
+                arch: self.kernels.arch.clone(),
+                precision: precision_name(&shape),
+                compile_ms: self.kernels.compile_ms,
+            });
+        }
+        self.shape = shape;
+        self.install_plan(plan)
+    }
+
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    pub fn device_id(&self) -> usize {
+        self.device_id
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    /// The memory plan of the current shape (arena bytes, peak, utilisation, per-buffer layout).
+    pub fn memory_plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    /// Kernel launches a frame with these parameters takes.
+    pub fn launches_per_frame(&self, params: &ToonParams) -> u32 {
+        self.graph_key(params).launches()
+    }
+
+    /// Switches graph replay on or off (cuda-graph property).
+    pub fn set_use_graph(&mut self, on: bool) {
+        self.use_graph = on;
+    }
+
+    /// Drains what should be logged since the last call.
+    pub fn take_events(&mut self) -> Vec<PipelineEvent> {
+        std::mem::take(&mut self.log)
+    }
+
+    /// Empties the temporal ring and the scene detector's memory (applied with the next frame).
+    pub fn reset(&mut self) {
+        self.reset_pending = true;
+    }
+
+    pub fn last_frame_stats(&self) -> GpuFrameStats {
+        self.stats
+    }
+
+    fn iterations(&self) -> u32 {
+        self.shape.bilateral_iterations.min(MAX_ITERATIONS)
+    }
+
+    fn graph_key(&self, params: &ToonParams) -> GraphKey {
+        GraphKey {
+            shape: self.shape,
+            edge_iteration: params.edge_iteration.clamp(0, self.iterations() as i32) as u32,
+        }
+    }
+
+    pub fn process(
+        &mut self,
+        params: &ToonParams,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+    ) -> Result<FrameReport, CudaError> {
+        if self.arena.is_none() {
+            return Err(CudaError::Failed(format!(
+                "no device memory for {}: the last shape change failed to allocate it; set a \
+                 shape again",
+                self.plan.label
+            )));
+        }
+        let (w, h) = (self.shape.width as usize, self.shape.height as usize);
+        let g = FrameGeometry {
+            width: w,
+            height: h,
+        };
+        if input.geometry != g || output.geometry != g {
+            return Err(CudaError::Failed(format!(
+                "frame geometry {}x{} / {}x{} differs from the pipeline's {w}x{h}",
+                input.geometry.width,
+                input.geometry.height,
+                output.geometry.width,
+                output.geometry.height
+            )));
+        }
+        if params.width as usize != w
+            || params.height as usize != h
+            || params.bilateral_iterations != self.iterations() as i32
+        {
+            return Err(CudaError::Failed(format!(
+                "parameters are for {}x{} with {} iterations, the pipeline's shape is {w}x{h} \
+                 with {}; call set_shape first",
+                params.width,
+                params.height,
+                params.bilateral_iterations,
+                self.iterations()
+            )));
+        }
+        // Re-check the planes (the fields are public): no copy may run past a slice.
+        Nv12Frame::new(g, input.y, input.y_stride, input.uv, input.uv_stride)
+            .map_err(|e| CudaError::Failed(format!("input frame: {e}")))?;
+        Nv12Frame::new(
+            g,
+            &*output.y,
+            output.y_stride,
+            &*output.uv,
+            output.uv_stride,
+        )
+        .map_err(|e| CudaError::Failed(format!("output frame: {e}")))?;
+        let host_start = Instant::now();
+        let r = guard("processing a frame", || {
+            self.process_inner(params, input, output)
+        });
+        if r.is_ok() {
+            self.stats.host_time_us = host_start.elapsed().as_secs_f64() * 1e6;
+        }
+        r
+    }
+
+    fn process_inner(
+        &mut self,
+        params: &ToonParams,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+    ) -> Result<FrameReport, CudaError> {
+        let (w, h) = (self.shape.width as usize, self.shape.height as usize);
+        let ch = h / 2;
+        let s = self.stream.clone();
+        let cs = s.cu_stream();
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+
+        // Parameter block + control, one async copy from page-locked memory.
+        let control = TfControl {
+            reset: self.reset_pending as i32,
+            pad: [0; 3],
+        };
+        let params_bytes = bytemuck::bytes_of(params);
+        self.host[HOST_PARAMS..HOST_PARAMS + params_bytes.len()].copy_from_slice(params_bytes);
+        self.host[HOST_CONTROL..HOST_CONTROL_END].copy_from_slice(bytemuck::bytes_of(&control));
+        // SAFETY: the staging block is page-locked and lives in `self` (the copy is finished by
+        // the synchronisation below); the parameter buffer holds CONTROL_OFFSET + TfControl
+        // bytes (the plan's "params" buffer).
+        unsafe {
+            copy_h2d(
+                cs,
+                self.host.as_ptr().add(HOST_PARAMS),
+                self.ptrs.params,
+                HOST_CONTROL_END - HOST_PARAMS,
+            )
+            .map_err(driver("parameter upload"))?;
+        }
+        self.events[0].record(&s).map_err(driver("cuEventRecord"))?;
+        // SAFETY: `Nv12Frame::new` checked that the planes hold `h` (`ch`) rows of `w` bytes
+        // `y_stride` (`uv_stride`) apart; "nv12-in" holds w·h + w·ch bytes; the input outlives
+        // the synchronisation below.
+        unsafe {
+            copy_2d_h2d(
+                cs,
+                input.y.as_ptr(),
+                input.y_stride,
+                self.ptrs.nv12_in,
+                w,
+                w,
+                h,
+            )
+            .map_err(driver("Y upload"))?;
+            copy_2d_h2d(
+                cs,
+                input.uv.as_ptr(),
+                input.uv_stride,
+                self.ptrs.nv12_in + (w * h) as u64,
+                w,
+                w,
+                ch,
+            )
+            .map_err(driver("UV upload"))?;
+        }
+        self.events[1].record(&s).map_err(driver("cuEventRecord"))?;
+
+        let key = self.graph_key(params);
+        let replayed = self.run_frame(&key)?;
+
+        self.events[2].record(&s).map_err(driver("cuEventRecord"))?;
+        // SAFETY: as for the upload, with "nv12-out" as the source; the output planes and the
+        // staging block are not read before the synchronisation below. "frame" holds a TfFrame.
+        unsafe {
+            copy_2d_d2h(
+                cs,
+                self.ptrs.nv12_out,
+                w,
+                output.y.as_mut_ptr(),
+                output.y_stride,
+                w,
+                h,
+            )
+            .map_err(driver("Y download"))?;
+            copy_2d_d2h(
+                cs,
+                self.ptrs.nv12_out + (w * h) as u64,
+                w,
+                output.uv.as_mut_ptr(),
+                output.uv_stride,
+                w,
+                ch,
+            )
+            .map_err(driver("UV download"))?;
+            copy_d2h(
+                cs,
+                self.ptrs.frame,
+                self.host.as_mut_ptr().add(HOST_FRAME),
+                HOST_FRAME_END - HOST_FRAME,
+            )
+            .map_err(driver("frame block download"))?;
+        }
+        self.events[3].record(&s).map_err(driver("cuEventRecord"))?;
+        s.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        self.reset_pending = false;
+
+        let fb: TfFrame = bytemuck::pod_read_unaligned(&self.host[HOST_FRAME..HOST_FRAME_END]);
+        let ms = |a: usize, b: usize| {
+            self.events[a]
+                .elapsed_ms(&self.events[b])
+                .map(|v| v as f64 * 1e3)
+                .unwrap_or(0.0)
+        };
+        let up = ms(0, 1);
+        let gpu = ms(1, 2);
+        let down = ms(2, 3);
+        self.frames += 1;
+        if self.frames % 64 == 1 {
+            self.device_free = memory_info(&self.ctx)
+                .map(|m| m.0)
+                .unwrap_or(self.device_free);
+        }
+        self.stats = GpuFrameStats {
+            gpu_time_us: gpu,
+            transfer_time_us: up + down,
+            launches: self.launches_per_frame(params),
+            graph_replayed: replayed,
+            arena_bytes: self.plan.arena_bytes,
+            peak_live_bytes: self.plan.peak_live_bytes,
+            device_free_bytes: self.device_free,
+            host_time_us: 0.0,
+            upload_time_us: up,
+            download_time_us: down,
+        };
+        Ok(FrameReport {
+            scene_cut: fb.scene_cut != 0,
+            scene_score: fb.scene_score,
+            history_used: fb.history_used.max(0) as usize,
+        })
+    }
+
+    /// Runs the kernels of a frame: eagerly, by capturing them, or by replaying a graph.
+    /// Returns whether a graph ran.
+    fn run_frame(&mut self, key: &GraphKey) -> Result<bool, CudaError> {
+        let (stream, kernels, ptrs) = (&self.stream, &self.kernels, &self.ptrs);
+        let enqueue = || enqueue_frame(stream, kernels, ptrs, key);
+        if !self.use_graph {
+            enqueue()?;
+            return Ok(false);
+        }
+        match self.cache.run(key, stream, enqueue)? {
+            Ran::Eager => Ok(false),
+            Ran::Replayed => Ok(true),
+            Ran::Captured {
+                capture_us,
+                evicted,
+            } => {
+                self.log.push(PipelineEvent::GraphCaptured {
+                    key: key.to_string(),
+                    capture_us,
+                    launches: key.launches(),
+                });
+                if let Some(old) = evicted {
+                    self.log.push(PipelineEvent::GraphEvicted {
+                        key: old.to_string(),
+                    });
+                }
+                Ok(true)
+            }
+            Ran::CaptureFailed { reason } => {
+                self.log.push(PipelineEvent::GraphCaptureFailed {
+                    key: key.to_string(),
+                    reason: reason.to_string(),
+                });
+                Ok(false)
+            }
+        }
+    }
+}
