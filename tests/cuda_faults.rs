@@ -120,4 +120,58 @@ fn faults_give_clear_errors_or_logged_fallbacks() {
         stats.get::<u64>("frames").unwrap(),
         clean.get::<u64>("frames").unwrap()
     );
+
+    set_shape_recovers_from_a_failed_allocation();
+}
+
+/// `CudaPipeline::set_shape` frees the old arena before it allocates the new one: when that
+/// allocation fails, the pipeline refuses frames with a clear error until a later `set_shape`
+/// succeeds, and then runs again.
+fn set_shape_recovers_from_a_failed_allocation() {
+    use gsttoonflow::cuda::plan::default_shape;
+    use gsttoonflow::cuda::{CudaError, CudaPipeline};
+    use gsttoonflow::pipeline::{
+        FrameGeometry, Nv12Frame, Nv12FrameMut, Precision, StageParams, ToonParams,
+    };
+
+    let frame = |g: &mut CudaPipeline, w: usize, h: usize| {
+        let geometry = FrameGeometry::new(w, h).unwrap();
+        let input: Vec<u8> = (0..geometry.nv12_bytes()).map(|i| (i * 7) as u8).collect();
+        let mut output = vec![0u8; geometry.nv12_bytes()];
+        let params = ToonParams::new(&StageParams::default(), w as u32, h as u32);
+        let report = g.process(
+            &params,
+            &Nv12Frame::packed(geometry, &input).unwrap(),
+            &mut Nv12FrameMut::packed(geometry, &mut output).unwrap(),
+        );
+        report.map(|_| output)
+    };
+    set_fault("");
+    let small = default_shape(64, 48, Precision::Fp16);
+    let big = default_shape(320, 240, Precision::Fp16);
+    let mut g = CudaPipeline::new(0, FrameGeometry::new(64, 48).unwrap(), small, 0, true).unwrap();
+    frame(&mut g, 64, 48).unwrap();
+
+    set_fault("alloc");
+    let failed = g.set_shape(big);
+    set_fault("");
+    match failed {
+        Err(e @ CudaError::OutOfMemory(_)) => {
+            println!("set_shape with a failing allocation: {e}");
+            assert!(e.to_string().contains("cuMemAlloc"), "{e}");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    let refused = frame(&mut g, 320, 240).unwrap_err();
+    println!("a frame without an arena: {refused}");
+    assert!(
+        refused.to_string().contains("no device memory"),
+        "{refused}"
+    );
+
+    g.set_shape(big).unwrap();
+    let after = frame(&mut g, 320, 240).unwrap();
+    let mut fresh =
+        CudaPipeline::new(0, FrameGeometry::new(320, 240).unwrap(), big, 0, true).unwrap();
+    assert_eq!(after, frame(&mut fresh, 320, 240).unwrap());
 }
