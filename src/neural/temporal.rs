@@ -1,0 +1,1 @@
+//! Temporal stability of the neural stage (normalization statistics and output filter).
