@@ -3,9 +3,15 @@
 //! Way in (`to_tensor`):
 //! 1. **NV12 → RGB** with the caps' matrix ([`ColorMatrix`]) and range ([`ColorRange`]).
 //!    Chroma siting is **centred** (JPEG/MPEG-1 style, GStreamer's default when caps name
-//!    none): each chroma sample sits in the middle of its 2x2 luma block, so it is upsampled
-//!    bilinearly with weights 3/4 and 1/4 per axis (edge samples repeated at the border). The
-//!    way back takes the 2x2 mean, which is centred too, so both directions agree.
+//!    none): each chroma sample sits in the middle of its 2x2 luma block. Upsampling is
+//!    bilinear (weights 3/4 and 1/4 per axis, edge samples repeated) plus a *block correction*:
+//!    each 2x2 block gets the same offset `c − B(c)`, where `B` = [1 6 1]/8 ⊗ [1 6 1]/8 is what
+//!    bilinear-then-2x2-mean would leave of the samples. It is the smallest (least-squares)
+//!    change to the bilinear picture that makes every 2x2 mean equal its transmitted sample, so
+//!    the way back (the 2x2 mean, centred too) is its exact inverse: NV12 → RGB → NV12 returns
+//!    the chroma codes, where plain bilinear blurs them by `B` on every pass (up to 14 codes
+//!    on the test photos). In smooth areas the offset vanishes (`B` keeps linear ramps); at a
+//!    hard chroma edge of height h it overshoots by about h/8.
 //!    RGB is *not* clamped to [0, 1]: YCbCr combinations outside the RGB cube (limited-range
 //!    foot/headroom, saturated chroma next to a dark pixel) pass through linearly, so the
 //!    conversion is invertible and luma comes back exactly.
@@ -275,8 +281,9 @@ pub struct FrameConverter {
     rgb_net: Vec<f32>,
     /// Separable resampling scratch, one plane of the larger intermediate.
     tmp: Vec<f32>,
-    /// One row of vertically interpolated (Cb, Cr) codes minus 128.
-    chroma_row: Vec<f32>,
+    /// Three chroma rows of `width` interleaved (Cb, Cr) values: vertically interpolated
+    /// codes minus 128, the vertical blur, the block correction.
+    chroma_rows: Vec<f32>,
 }
 
 impl FrameConverter {
@@ -336,7 +343,7 @@ impl FrameConverter {
             rgb_frame,
             rgb_net: vec![0.0; 3 * scaled_w * scaled_h],
             tmp,
-            chroma_row: vec![0.0; w],
+            chroma_rows: vec![0.0; 3 * w],
         })
     }
 
@@ -620,20 +627,41 @@ fn nv12_to_rgb(conv: &mut FrameConverter, frame: &Nv12Frame, target: Target) {
     };
     let (rp, rest) = dst.split_at_mut(w * h);
     let (gp, bp) = rest.split_at_mut(w * h);
-    let row_buf = &mut conv.chroma_row;
+    let (interp, rest) = conv.chroma_rows.split_at_mut(w);
+    let (blur, residual) = rest.split_at_mut(w);
+    let uv_row = |r: usize| &frame.uv[r * frame.uv_stride..][..w];
     for y in 0..h {
+        let cy = y / 2;
+        if y % 2 == 0 {
+            // The block correction of chroma row cy: its samples minus the [1 6 1]/8 ⊗ [1 6 1]/8
+            // blur that bilinear upsampling followed by the 2x2 mean would leave of them.
+            let (above, here, below) = (
+                uv_row(cy.saturating_sub(1)),
+                uv_row(cy),
+                uv_row((cy + 1).min(ch - 1)),
+            );
+            for (i, o) in blur.iter_mut().enumerate() {
+                *o = 0.125 * above[i] as f32 + 0.75 * here[i] as f32 + 0.125 * below[i] as f32;
+            }
+            for i in 0..w {
+                let (c, k) = (i / 2, i % 2);
+                let left = 2 * c.saturating_sub(1) + k;
+                let right = 2 * (c + 1).min(cw - 1) + k;
+                let b = 0.125 * blur[left] + 0.75 * blur[i] + 0.125 * blur[right];
+                residual[i] = here[i] as f32 - b;
+            }
+        }
         // Vertical 3/4–1/4 interpolation of the chroma row pair, in codes minus 128.
-        let near = &frame.uv[(y / 2) * frame.uv_stride..][..w];
-        let far = &frame.uv[chroma_neighbour(y, ch) * frame.uv_stride..][..w];
-        for ((o, &a), &b) in row_buf.iter_mut().zip(near).zip(far) {
+        let (near, far) = (uv_row(cy), uv_row(chroma_neighbour(y, ch)));
+        for ((o, &a), &b) in interp.iter_mut().zip(near).zip(far) {
             *o = 0.75 * a as f32 + 0.25 * b as f32 - 128.0;
         }
         let luma = &frame.y[y * frame.y_stride..][..w];
         let out = y * w;
         for x in 0..w {
             let (c, n) = (x / 2, chroma_neighbour(x, cw));
-            let cb = 0.75 * row_buf[2 * c] + 0.25 * row_buf[2 * n];
-            let cr = 0.75 * row_buf[2 * c + 1] + 0.25 * row_buf[2 * n + 1];
+            let cb = 0.75 * interp[2 * c] + 0.25 * interp[2 * n] + residual[2 * c];
+            let cr = 0.75 * interp[2 * c + 1] + 0.25 * interp[2 * n + 1] + residual[2 * c + 1];
             let [r, g, b] = ycc_to_rgb(
                 kr,
                 kb,
@@ -960,9 +988,11 @@ mod tests {
         let mut t = conv.new_tensor();
         conv.to_tensor(&[126; 8], 4, &[128, 48, 128, 208], 4, &mut t)
             .unwrap();
-        // Cr codes seen by luma columns: 48, 88, 168, 208; R − Y = 2(1−Kr)·(Cr−128)/224.
+        // Bilinear gives Cr 48, 88, 168, 208 across the four luma columns; the block correction
+        // is ∓(208 − 48)/8 = ∓20, so the pair means are 48 and 208 again.
+        // R − Y = 2(1−Kr)·(Cr−128)/224.
         let y = (126.0 - 16.0) / 219.0;
-        for (x, cr) in [48.0, 88.0, 168.0, 208.0].into_iter().enumerate() {
+        for (x, cr) in [28.0, 68.0, 188.0, 228.0].into_iter().enumerate() {
             let want = y + 2.0 * (1.0 - 0.2126) * (cr - 128.0) / 224.0;
             assert!((t.data[x] - want).abs() < 1e-5, "column {x}");
         }
