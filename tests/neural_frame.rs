@@ -8,6 +8,7 @@ use gsttoonflow::neural::Tensor;
 use gsttoonflow::neural::frame::{
     ColorMatrix, ColorRange, ConverterConfig, FrameConverter, TensorLayout, ValueRange,
 };
+use gsttoonflow::neural::temporal::{OutputFilter, SceneCutGate};
 
 const PHOTOS: [(&str, usize, usize); 4] = [
     ("astronaut.png", 512, 512),
@@ -468,4 +469,149 @@ fn strided_planes_convert_like_packed_ones() {
     for r in 0..h / 2 {
         assert_eq!(uvso[r * stride..][..w], uvo[r * w..][..w]);
     }
+}
+
+/// Runs NV12 frames through the converter, an identity "network" and the output filter the
+/// way the element does (filter between `read_output` and `write_nv12`); returns the output
+/// frames (packed).
+fn filtered_clip(
+    frames: &[common::Nv12],
+    scale: f64,
+    history: usize,
+    strength: f32,
+    sigma: f32,
+) -> Vec<common::Nv12> {
+    let (w, h) = (frames[0].width, frames[0].height);
+    let mut conv = FrameConverter::new(ConverterConfig {
+        scale,
+        ..config(w, h, ColorMatrix::Bt709, ColorRange::Limited)
+    })
+    .unwrap();
+    let (sh, sw) = conv.scaled_size();
+    let mut filter = OutputFilter::new(sw, sh, history, ColorMatrix::Bt709, ColorRange::Limited);
+    filter.set_params(history, strength, sigma);
+    let mut tensor = conv.new_tensor();
+    frames
+        .iter()
+        .map(|f| {
+            conv.to_tensor(f.y(), w, f.uv(), w, &mut tensor).unwrap();
+            conv.read_output(&tensor).unwrap();
+            filter.apply(conv.network_rgb_mut());
+            let mut out = common::Nv12::new(w, h);
+            let (y, uv) = out.data.split_at_mut(w * h);
+            conv.write_nv12(y, w, uv, w).unwrap();
+            out
+        })
+        .collect()
+}
+
+/// Mean |Δ| of the Y planes between consecutive frames, from frame `from` on.
+fn luma_flicker(frames: &[common::Nv12], from: usize) -> f64 {
+    let pairs = frames[from.max(1) - 1..].windows(2);
+    let n = pairs.len() as f64;
+    pairs
+        .map(|p| common::mean_abs_diff(p[0].y(), p[1].y()))
+        .sum::<f64>()
+        / n
+}
+
+#[test]
+fn the_output_filter_halves_the_flicker_of_a_static_noisy_clip() {
+    let (w, h) = (320, 240);
+    let clean = common::photo("chelsea.png", w, h);
+    let frames: Vec<common::Nv12> = (0..10).map(|t| clean.with_noise(2.0, 100 + t)).collect();
+    let bare = luma_flicker(&frames, 5);
+    for scale in [1.0, 0.5] {
+        let off = filtered_clip(&frames, scale, 0, 0.6, 3.0);
+        let on = filtered_clip(&frames, scale, 4, 0.6, 3.0);
+        let (f_off, f_on) = (luma_flicker(&off, 5), luma_flicker(&on, 5));
+        let err_off = common::mean_abs_diff(off[9].y(), clean.y());
+        let err_on = common::mean_abs_diff(on[9].y(), clean.y());
+        println!(
+            "static noisy clip (σ 2 codes) model-scale {scale}: luma change per frame {f_on:.3} \
+             filtered vs {f_off:.3} unfiltered (input {bare:.3}); |out − clean| {err_on:.3} vs {err_off:.3}"
+        );
+        if scale == 1.0 {
+            assert_eq!(
+                off.iter().map(|f| &f.data).collect::<Vec<_>>(),
+                frames.iter().map(|f| &f.data).collect::<Vec<_>>(),
+                "history 0 and scale 1: the identity network gives the input back"
+            );
+        }
+        assert!(f_on <= 0.5 * f_off, "{f_on} vs {f_off}");
+        assert!(err_on < err_off);
+    }
+}
+
+#[test]
+fn a_moving_photo_leaves_no_ghost() {
+    // A window sliding 12 pixels per frame over a photo: pixels that moved far beyond
+    // motion-sigma show the current frame, not a blend with the past.
+    let (w, h, step) = (256, 192, 12);
+    let big = rgb_photo("coffee.png", 600, 400);
+    let frames: Vec<Vec<f32>> = (0..6)
+        .map(|t| {
+            let mut planes = vec![0.0f32; 3 * w * h];
+            for y in 0..h {
+                for x in 0..w {
+                    for c in 0..3 {
+                        let v = big[3 * ((y + 100) * 600 + x + 100 + step * t) + c];
+                        planes[c * w * h + y * w + x] = v as f32 / 255.0;
+                    }
+                }
+            }
+            planes
+        })
+        .collect();
+    let conv = FrameConverter::new(config(w, h, ColorMatrix::Bt709, ColorRange::Limited)).unwrap();
+    let (sigma, history) = (3.0f32, 4usize);
+    // The joint distance in L units (100/255 per code of Y, Cb, Cr).
+    let distance = |a: &[f32], b: &[f32], i: usize| {
+        let p = |f: &[f32]| [f[i], f[w * h + i], f[2 * w * h + i]];
+        let (ya, yb) = (conv.rgb_to_ycbcr(p(a)), conv.rgb_to_ycbcr(p(b)));
+        (0..3)
+            .map(|c| (100.0 * (ya[c] - yb[c]) / 255.0).powi(2))
+            .sum::<f32>()
+            .sqrt()
+    };
+    let mut filter = OutputFilter::new(w, h, history, ColorMatrix::Bt709, ColorRange::Limited);
+    filter.set_params(history, 0.9, sigma);
+    let (mut moved, mut still_blended) = (0usize, 0usize);
+    for t in 0..frames.len() {
+        let mut out = frames[t].clone();
+        let used = filter.apply(&mut out);
+        for i in 0..w * h {
+            let nearest = (1..=used)
+                .map(|k| distance(&frames[t], &frames[t - k], i))
+                .fold(f32::INFINITY, f32::min);
+            if nearest > 6.0 * sigma {
+                moved += 1;
+                for c in 0..3 {
+                    let j = c * w * h + i;
+                    if (out[j] - frames[t][j]).abs() > 1e-4 {
+                        still_blended += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("moving photo: {moved} pixel-frames moved by more than 6σ, {still_blended} blended");
+    assert!(moved > w * h, "the clip moves ({moved})");
+    assert_eq!(still_blended, 0);
+}
+
+#[test]
+fn the_scene_gate_sees_a_cut_between_photos_not_noise() {
+    let (w, h) = (320, 240);
+    let a = common::photo("chelsea.png", w, h);
+    let b = common::photo("rocket.jpg", w, h);
+    let mut gate = SceneCutGate::new(w, h);
+    let threshold = 12.0; // the classic scene-cut-threshold default
+    for t in 0..4 {
+        let cut = gate.observe(a.with_noise(3.0, t).y(), w, threshold);
+        assert!(!cut.cut && cut.score < 2.0, "{cut:?}");
+    }
+    let cut = gate.observe(b.y(), w, threshold);
+    println!("scene cut chelsea → rocket: score {:.1}", cut.score);
+    assert!(cut.cut, "{cut:?}");
 }
