@@ -496,7 +496,7 @@ fn filtered_clip(
         .map(|f| {
             conv.to_tensor(f.y(), w, f.uv(), w, &mut tensor).unwrap();
             conv.read_output(&tensor).unwrap();
-            filter.apply(conv.network_rgb_mut());
+            filter.apply(conv.network_rgb_mut()).unwrap();
             let mut out = common::Nv12::new(w, h);
             let (y, uv) = out.data.split_at_mut(w * h);
             conv.write_nv12(y, w, uv, w).unwrap();
@@ -579,7 +579,7 @@ fn a_moving_photo_leaves_no_ghost() {
     let (mut moved, mut still_blended) = (0usize, 0usize);
     for t in 0..frames.len() {
         let mut out = frames[t].clone();
-        let used = filter.apply(&mut out);
+        let used = filter.apply(&mut out).unwrap();
         for i in 0..w * h {
             let nearest = (1..=used)
                 .map(|k| distance(&frames[t], &frames[t - k], i))

@@ -609,7 +609,7 @@ fn to_code(v: f32) -> u8 {
 #[inline]
 fn chroma_neighbour(i: usize, n: usize) -> usize {
     let c = i / 2;
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         c.saturating_sub(1)
     } else {
         (c + 1).min(n - 1)
@@ -632,7 +632,7 @@ fn nv12_to_rgb(conv: &mut FrameConverter, frame: &Nv12Frame, target: Target) {
     let uv_row = |r: usize| &frame.uv[r * frame.uv_stride..][..w];
     for y in 0..h {
         let cy = y / 2;
-        if y % 2 == 0 {
+        if y.is_multiple_of(2) {
             // The block correction of chroma row cy: its samples minus the [1 6 1]/8 ⊗ [1 6 1]/8
             // blur that bilinear upsampling followed by the 2x2 mean would leave of them.
             let (above, here, below) = (

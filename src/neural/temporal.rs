@@ -250,13 +250,21 @@ impl OutputFilter {
 
     /// Filters `rgb` (three planes of `width × height`) in place against the ring, then adds
     /// its unfiltered copy to the ring. Returns the number of ring entries used. With history
-    /// 0 the frame is left untouched and not recorded. Panics if `rgb` has the wrong length
-    /// (a wiring bug, not bad input).
-    pub fn apply(&mut self, rgb: &mut [f32]) -> usize {
+    /// 0 the frame is left untouched and not recorded. Planes of another size are refused
+    /// and leave the ring as it was.
+    pub fn apply(&mut self, rgb: &mut [f32]) -> Result<usize, String> {
         let plane = self.width * self.height;
-        assert_eq!(rgb.len(), 3 * plane, "output filter plane size");
+        if rgb.len() != 3 * plane {
+            return Err(format!(
+                "the output filter holds {}x{} RGB planes ({} values), got {} values",
+                self.width,
+                self.height,
+                3 * plane,
+                rgb.len()
+            ));
+        }
         if self.history == 0 {
-            return 0;
+            return Ok(0);
         }
         let used = self.ring.len().min(self.history);
         self.raw.copy_from_slice(rgb);
@@ -265,7 +273,7 @@ impl OutputFilter {
         }
         let raw = &mut self.raw;
         self.ring.push_with(|slot| std::mem::swap(slot, raw));
-        used
+        Ok(used)
     }
 
     fn filter(&self, rgb: &mut [f32], used: usize) {
@@ -571,14 +579,14 @@ mod tests {
         for t in 0..5 {
             let frame = planes(8, 4, |c, x, y| (c + x + y + t) as f32 / 20.0);
             let mut out = frame.clone();
-            assert_eq!(f.apply(&mut out), 0);
+            assert_eq!(f.apply(&mut out), Ok(0));
             assert_eq!(out, frame);
         }
         assert!(f.is_empty());
         let mut off = OutputFilter::new(8, 4, 0, ColorMatrix::Bt709, ColorRange::Limited);
         let frame = planes(8, 4, |c, x, _| (c * x) as f32 / 30.0);
         let mut out = frame.clone();
-        assert_eq!(off.apply(&mut out), 0);
+        assert_eq!(off.apply(&mut out), Ok(0));
         assert_eq!(out, frame);
     }
 
@@ -596,7 +604,7 @@ mod tests {
         let levels = [0.50f32, 0.52, 0.47, 0.55, 0.51, 0.60];
         for (t, &v) in levels.iter().enumerate() {
             let mut px = [v, v, v];
-            let used = f.apply(&mut px);
+            let used = f.apply(&mut px).unwrap();
             assert_eq!(used, t.min(4));
             let history = levels[..t].iter().rev().take(4).map(|h| 100.0 * h);
             let want = temporal_luma(&p, 100.0 * v, history) / 100.0;
@@ -611,10 +619,10 @@ mod tests {
         // A grey step of 10/219 nominal is 10 codes of limited-range luma = 3.92 L units.
         let mut f = OutputFilter::new(1, 1, 1, ColorMatrix::Bt709, ColorRange::Limited);
         f.set_params(1, 1.0, 3.0);
-        f.apply(&mut [0.5, 0.5, 0.5]);
+        f.apply(&mut [0.5, 0.5, 0.5]).unwrap();
         let step = 10.0 / 219.0;
         let mut px = [0.5 + step; 3];
-        f.apply(&mut px);
+        f.apply(&mut px).unwrap();
         let d = 100.0 * 10.0 / 255.0;
         let w = (-d * d / 18.0f32).exp();
         let want = (0.5 + step + w * 0.5) / (1.0 + w);
@@ -636,7 +644,7 @@ mod tests {
                 },
             );
             let mut out = frame.clone();
-            f.apply(&mut out);
+            f.apply(&mut out).unwrap();
             for (i, (&o, &v)) in out.iter().zip(&frame).enumerate() {
                 let x = i % w;
                 if x < edge - 6 || x >= edge {
@@ -654,8 +662,11 @@ mod tests {
         f.reset();
         assert!(f.is_empty());
         let mut px = planes(w, h, |_, _, _| 0.3);
-        assert_eq!(f.apply(&mut px), 0);
+        assert_eq!(f.apply(&mut px), Ok(0));
         assert!(px.iter().all(|&v| v == 0.3));
+        assert_eq!(f.len(), 1);
+        assert!(f.apply(&mut px[1..]).is_err());
+        assert_eq!(f.len(), 1, "a refused frame is not recorded");
     }
 
     #[test]
@@ -676,7 +687,7 @@ mod tests {
             let mut last = Vec::new();
             for frame in &frames {
                 last = frame.clone();
-                f.apply(&mut last);
+                f.apply(&mut last).unwrap();
             }
             outs.push(last);
         }
@@ -697,9 +708,9 @@ mod tests {
         let threshold = 12.0;
         assert!(!t.begin_frame(&dark, w, threshold).cut);
         t.smoother.apply(0, &mut [1.0], &mut [1.0]);
-        t.filter.apply(&mut vec![0.1; 48]);
+        t.filter.apply(&mut [0.1; 48]).unwrap();
         assert!(!t.begin_frame(&dark, w, threshold).cut);
-        t.filter.apply(&mut vec![0.1; 48]);
+        t.filter.apply(&mut [0.1; 48]).unwrap();
         assert_eq!(t.filter.len(), 2);
         let cut = t.begin_frame(&bright, w, threshold);
         assert!(cut.cut && cut.score > 40.0, "{cut:?}");
