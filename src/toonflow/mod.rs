@@ -3,9 +3,13 @@
 use gst::glib;
 use gst::prelude::*;
 
+mod engine;
+mod frames;
 mod imp;
 mod pool;
+mod properties;
 mod settings;
+mod stats;
 
 pub use settings::{BackendChoice, PrecisionChoice};
 
