@@ -520,7 +520,7 @@ pub(crate) fn run_conv_transpose(ctx: &Node) -> Result<Vec<Value>, NeuralError> 
         return Err(ctx.graph_err(format!("bad output_padding {out_pad:?}")));
     }
     let out_pad = lift(&out_pad, spatial, 0);
-    let extra = ConvTransposeExtra {
+    let mut extra = ConvTransposeExtra {
         output_padding: [out_pad[0] as usize, out_pad[1] as usize],
     };
     // An explicit output_shape (spatial, or with N and C in front) or SAME auto_pad decides
@@ -551,6 +551,8 @@ pub(crate) fn run_conv_transpose(ctx: &Node) -> Result<Vec<Value>, NeuralError> 
             (in_hw[1] * a.params.stride[1]) as i64,
         ]);
     }
+    // As onnxruntime does: a negative total (output_shape beyond the full output) pads
+    // nothing and extends the end like output_padding.
     if let Some(s) = out_shape {
         for ax in 0..2 {
             let full = a.params.stride[ax] * (in_hw[ax].max(1) - 1)
@@ -558,16 +560,13 @@ pub(crate) fn run_conv_transpose(ctx: &Node) -> Result<Vec<Value>, NeuralError> 
                 + (a.kernel[ax] - 1) * a.params.dilation[ax]
                 + 1;
             let total = full as i64 - s[ax];
-            if total < 0 {
-                return Err(ctx.unsupported(format!(
-                    "output_shape {s:?} larger than the full transposed convolution"
-                )));
-            }
-            let total = total as usize;
-            let (begin, end) = if a.auto_pad == "SAME_UPPER" {
-                (total / 2, total - total / 2)
+            let (begin, end) = if total < 0 {
+                extra.output_padding[ax] += (-total) as usize;
+                (0, 0)
+            } else if a.auto_pad == "SAME_UPPER" {
+                (total as usize / 2, total as usize - total as usize / 2)
             } else {
-                (total - total / 2, total / 2)
+                (total as usize - total as usize / 2, total as usize / 2)
             };
             a.params.pads[ax] = begin;
             a.params.pads[ax + 2] = end;
