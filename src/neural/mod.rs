@@ -5,8 +5,10 @@
 //! [`engine`].
 
 pub mod frame;
+pub mod graph;
 pub mod onnx;
 pub mod ops;
+pub mod shapes;
 pub mod temporal;
 pub mod tensor;
 
