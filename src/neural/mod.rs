@@ -4,8 +4,10 @@
 //! Plain Rust, no GStreamer and no CUDA: the element and the tests drive it through
 //! [`engine`].
 
+pub mod engine;
 pub mod frame;
 pub mod graph;
+pub mod lower;
 pub mod onnx;
 pub mod ops;
 pub mod shapes;
