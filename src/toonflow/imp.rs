@@ -17,6 +17,7 @@ use super::properties;
 use super::settings::Settings;
 use super::stats::Stats;
 use super::{frames, pool};
+use crate::neural::NeuralError;
 use crate::pipeline::FrameGeometry;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -54,6 +55,21 @@ fn error_message(err: &EngineError) -> gst::ErrorMessage {
         EngineError::CudaInit(_) => gst::error_msg!(gst::LibraryError::Init, ("{}", err)),
         EngineError::CudaProcessing(_) => gst::error_msg!(gst::StreamError::Failed, ("{}", err)),
         EngineError::NotConfigured => gst::error_msg!(gst::CoreError::Negotiation, ("{}", err)),
+        EngineError::NeuralNeedsCpu(_) => gst::error_msg!(
+            gst::LibraryError::Settings,
+            ("{}", err),
+            ["set backend=auto or backend=cpu with model="]
+        ),
+        EngineError::Model { source, .. } => match source {
+            NeuralError::Io(_) => gst::error_msg!(gst::ResourceError::OpenRead, ("{}", err)),
+            NeuralError::Parse(_) | NeuralError::Graph(_) => {
+                gst::error_msg!(gst::StreamError::Format, ("{}", err))
+            }
+            NeuralError::Unsupported(_) => {
+                gst::error_msg!(gst::StreamError::NotImplemented, ("{}", err))
+            }
+            NeuralError::Model(_) => gst::error_msg!(gst::ResourceError::Settings, ("{}", err)),
+        },
     }
 }
 
@@ -198,7 +214,9 @@ impl BaseTransformImpl for Toonflow {
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let settings = self.settings.lock().clone();
         let mut engine = Engine::start(&settings).map_err(|e| error_message(&e))?;
-        *self.stats.lock() = Stats::new(engine.backend().name());
+        let mut stats = Stats::new(engine.backend().name());
+        stats.set_model(engine.model_name().unwrap_or(""));
+        *self.stats.lock() = stats;
         self.drain(&mut engine);
         *self.state.lock() = Some(State { engine, info: None });
         Ok(())
