@@ -42,19 +42,22 @@ fn negate_nchw() -> GraphProto {
     g
 }
 
-/// NHWC in and out (AnimeGANv3's layout) with a stride-2 branch that is multiplied by zero:
-/// the picture comes back unchanged, but only if the network's size is even.
-fn identity_nhwc_stride2() -> GraphProto {
-    let mut g = graph("identity-stride2");
+/// NHWC in and out (AnimeGANv3's layout) with a branch of `levels` stride-2 convolutions
+/// and a nearest 2^levels upscale, multiplied by zero and added: the picture comes back
+/// unchanged, but only if the network's size is a multiple of 2^levels (the multiple the
+/// engine derives from the strides).
+fn identity_nhwc(levels: u32) -> GraphProto {
+    let mut g = graph("identity");
     g.input.push(value_info("x", FLOAT, &[1, -1, -1, 3]));
     g.output.push(value_info("y", FLOAT, &[1, -1, -1, 3]));
     let mut eye = vec![0.0f32; 9];
     for c in 0..3 {
         eye[c * 3 + c] = 1.0;
     }
+    let up = (1u32 << levels) as f32;
     g.initializer.push(float_tensor("eye", &[3, 3, 1, 1], &eye));
     g.initializer
-        .push(float_tensor("scales", &[4], &[1.0, 1.0, 2.0, 2.0]));
+        .push(float_tensor("scales", &[4], &[1.0, 1.0, up, up]));
     g.initializer.push(float_tensor("zero", &[], &[0.0]));
     g.node.push(node(
         "Transpose",
@@ -62,15 +65,20 @@ fn identity_nhwc_stride2() -> GraphProto {
         &["t"],
         vec![attr_ints("perm", &[0, 3, 1, 2])],
     ));
-    g.node.push(node(
-        "Conv",
-        &["t", "eye"],
-        &["down"],
-        vec![attr_ints("strides", &[2, 2])],
-    ));
+    let mut last = "t".to_string();
+    for level in 0..levels {
+        let out = format!("down{level}");
+        g.node.push(node(
+            "Conv",
+            &[&last, "eye"],
+            &[&out],
+            vec![attr_ints("strides", &[2, 2])],
+        ));
+        last = out;
+    }
     g.node.push(node(
         "Resize",
-        &["down", "", "scales"],
+        &[&last, "", "scales"],
         &["up"],
         vec![attr_string("mode", "nearest")],
     ));
@@ -85,6 +93,10 @@ fn identity_nhwc_stride2() -> GraphProto {
         vec![attr_ints("perm", &[0, 2, 3, 1])],
     ));
     g
+}
+
+fn identity_nhwc_stride2() -> GraphProto {
+    identity_nhwc(1)
 }
 
 /// InstanceNormalization with scale 0.5 and bias 0 per channel (NCHW): each frame's mean and
@@ -263,6 +275,53 @@ fn padding_sizes_and_odd_multiples_crop_back_to_the_frame() {
 }
 
 #[test]
+fn the_multiple_derived_from_the_strides_pads_and_crops() {
+    let dir = TempDir::new("neural-derived");
+    let model = write_model(&dir, "identity8.onnx", identity_nhwc(3));
+    // Three stride-2 levels: multiple 8, so 70x46 runs at 72x48 and 66x34 at 72x40.
+    for (w, h, nw, nh) in [(70, 46, 72, 48), (66, 34, 72, 40), (64, 48, 64, 48)] {
+        let mut hs = neural_harness(&model, w, h, "temporal-history=0");
+        let input = picture(w, h, 7);
+        let out = push(&mut hs, &input);
+        assert_eq!((out.width, out.height), (w, h));
+        assert!(max_abs_diff(out.y(), input.y()) <= 1, "{w}x{h}: luma");
+        assert!(max_abs_diff(out.uv(), input.uv()) <= 2, "{w}x{h}: chroma");
+        let s = stats(&hs);
+        assert_eq!(
+            (
+                s.get::<u32>("network-width").unwrap(),
+                s.get::<u32>("network-height").unwrap()
+            ),
+            (nw, nh),
+            "{w}x{h}"
+        );
+    }
+}
+
+#[test]
+fn state_cycles_with_a_model_neither_hang_nor_fail() {
+    let dir = TempDir::new("neural-cycles");
+    let model = write_model(&dir, "identity8.onnx", identity_nhwc(3));
+    let p = launch(&format!(
+        "videotestsrc is-live=false ! video/x-raw,format=NV12,width=70,height=46 ! \
+         toonflow backend=cpu model=\"{model}\" ! fakesink"
+    ));
+    for i in 0..20 {
+        let target = [gst::State::Playing, gst::State::Paused, gst::State::Ready][i % 3];
+        p.set_state(target).unwrap();
+        let (r, now, _) = p.state(gst::ClockTime::from_seconds(30));
+        assert!(r.is_ok() && now == target, "cycle {i}: {r:?} {now:?}");
+        p.set_state(gst::State::Null).unwrap();
+    }
+    let bus = p.bus().unwrap();
+    while let Some(m) = bus.pop() {
+        if let gst::MessageView::Error(e) = m.view() {
+            panic!("{} {:?}", e.error(), e.debug());
+        }
+    }
+}
+
+#[test]
 fn an_odd_multiple_the_model_cannot_take_is_an_error_not_a_panic() {
     let dir = TempDir::new("neural-odd");
     let model = write_model(&dir, "identity.onnx", identity_nhwc_stride2());
@@ -322,6 +381,37 @@ fn renegotiation_re_specialises_for_the_new_size() {
         "caps empty the ring"
     );
     assert_eq!(s.get::<u32>("width").unwrap(), 96);
+}
+
+#[test]
+fn model_properties_changed_while_playing_take_effect_on_the_next_frame() {
+    let dir = TempDir::new("neural-live");
+    let model = write_model(&dir, "identity8.onnx", identity_nhwc(3));
+    let mut h = neural_harness(&model, 128, 96, "temporal-history=0");
+    let input = picture(128, 96, 0);
+    let full = push(&mut h, &input);
+    let t = h
+        .element()
+        .unwrap()
+        .downcast_ref::<gst::Bin>()
+        .unwrap()
+        .by_name("t")
+        .unwrap();
+    t.set_property("model-scale", 0.5f64);
+    let half = push(&mut h, &input);
+    let s = stats(&h);
+    assert_eq!(s.get::<u32>("network-width").unwrap(), 64);
+    assert_ne!(full.data, half.data, "half scale must soften the picture");
+    t.set_property("model-size-multiple", 48u32);
+    push(&mut h, &input);
+    assert_eq!(stats(&h).get::<u32>("network-width").unwrap(), 96);
+    t.set_property("model-scale", 1.0f64);
+    t.set_property("model-size-multiple", 0u32);
+    assert_eq!(
+        push(&mut h, &input).data,
+        full.data,
+        "back to the first picture"
+    );
 }
 
 #[test]

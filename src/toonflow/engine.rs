@@ -343,11 +343,15 @@ impl Engine {
                 geometry.height as u32,
             ),
         });
+        let what = match &self.model {
+            Some((path, _)) => format!("model {path}"),
+            None => format!("{shape:?}"),
+        };
         self.log(
             Level::Info,
             format!(
-                "configured for {}x{} ({:?}, {:?} {:?})",
-                geometry.width, geometry.height, shape, format.matrix, format.range
+                "configured for {}x{} ({what}; {:?} {:?})",
+                geometry.width, geometry.height, format.matrix, format.range
             ),
         );
         Ok(())
