@@ -132,7 +132,7 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
         row!(cuda_graph => boolean("cuda-graph", "CUDA graph", "Replay each frame's kernels as a captured CUDA graph (false = launch them one by one)", DEFAULT_CUDA_GRAPH)),
         row!(max_device_memory => glib::ParamSpecUInt64::builder("max-device-memory")
             .nick("Max device memory")
-            .blurb("Largest device arena in bytes this element may allocate (0 = no limit); a larger plan fails negotiation with an error")
+            .blurb("Largest device arena in bytes this element may allocate (0 = no limit); a larger plan fails negotiation with an error. With a model it caps the network's activation plan (fp32 on the CPU reference)")
             .default_value(DEFAULT_MAX_DEVICE_MEMORY)
             .mutable_ready()
             .build()),
