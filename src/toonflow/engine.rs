@@ -118,6 +118,43 @@ pub enum EngineError {
     NeuralNeedsCpu(String),
 }
 
+impl EngineError {
+    /// The bus message for this error, in the GStreamer error domain that fits it.
+    pub fn message(&self) -> gst::ErrorMessage {
+        let err = self;
+        match err {
+            EngineError::CudaRequired { .. } => gst::error_msg!(
+                gst::LibraryError::Init,
+                ("{}", err),
+                ["set backend=auto or backend=cpu to run without a GPU"]
+            ),
+            EngineError::OutOfMemory { .. } => {
+                gst::error_msg!(gst::ResourceError::NoSpaceLeft, ("{}", err))
+            }
+            EngineError::CudaInit(_) => gst::error_msg!(gst::LibraryError::Init, ("{}", err)),
+            EngineError::CudaProcessing(_) => {
+                gst::error_msg!(gst::StreamError::Failed, ("{}", err))
+            }
+            EngineError::NotConfigured => gst::error_msg!(gst::CoreError::Negotiation, ("{}", err)),
+            EngineError::NeuralNeedsCpu(_) => gst::error_msg!(
+                gst::LibraryError::Settings,
+                ("{}", err),
+                ["set backend=auto or backend=cpu with model="]
+            ),
+            EngineError::Model { source, .. } => match source {
+                NeuralError::Io(_) => gst::error_msg!(gst::ResourceError::OpenRead, ("{}", err)),
+                NeuralError::Parse(_) | NeuralError::Graph(_) => {
+                    gst::error_msg!(gst::StreamError::Format, ("{}", err))
+                }
+                NeuralError::Unsupported(_) => {
+                    gst::error_msg!(gst::StreamError::NotImplemented, ("{}", err))
+                }
+                NeuralError::Model(_) => gst::error_msg!(gst::ResourceError::Settings, ("{}", err)),
+            },
+        }
+    }
+}
+
 /// Severity of a log line the engine asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
