@@ -3,11 +3,17 @@
 //! or properties change. No GStreamer callbacks here: imp.rs drives it and turns its errors
 //! and events into bus messages and log lines.
 
+use std::path::Path;
+use std::sync::Arc;
+
 use thiserror::Error;
 
+use super::neural_cpu::{self, NeuralCpu, NeuralFrameStats, NeuralTemporalParams};
 use super::settings::{BackendChoice, Settings};
 use crate::cuda::{self, CudaError, CudaPipeline, GpuFrameStats, PipelineEvent};
-use crate::neural::frame::{ColorMatrix, ColorRange};
+use crate::neural::NeuralError;
+use crate::neural::engine::NeuralModel;
+use crate::neural::frame::{ColorMatrix, ColorRange, ConverterConfig};
 use crate::pipeline::cpu::{CpuPipeline, FrameReport};
 use crate::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut, Shape, StageParams, ToonParams};
 
@@ -65,6 +71,8 @@ pub struct FrameOutcome {
     pub report: FrameReport,
     /// GPU timings and memory, when CUDA made the frame.
     pub gpu: Option<GpuFrameStats>,
+    /// Plan and stages, when the network made the frame.
+    pub neural: Option<NeuralFrameStats>,
 }
 
 /// Why the engine cannot start, configure or process. imp.rs maps each to a GStreamer error
@@ -95,6 +103,56 @@ pub enum EngineError {
     /// A frame arrived before caps.
     #[error("Buffer received before caps")]
     NotConfigured,
+    /// The model cannot be loaded, specialised for the caps, or run.
+    #[error("model {path}: {source}")]
+    Model {
+        path: String,
+        #[source]
+        source: NeuralError,
+    },
+    /// backend=cuda with a model: the neural stage has no GPU path yet.
+    #[error(
+        "backend=cuda was requested with model={0}, but the neural stage runs on the CPU \
+         reference only in this version"
+    )]
+    NeuralNeedsCpu(String),
+}
+
+impl EngineError {
+    /// The bus message for this error, in the GStreamer error domain that fits it.
+    pub fn message(&self) -> gst::ErrorMessage {
+        let err = self;
+        match err {
+            EngineError::CudaRequired { .. } => gst::error_msg!(
+                gst::LibraryError::Init,
+                ("{}", err),
+                ["set backend=auto or backend=cpu to run without a GPU"]
+            ),
+            EngineError::OutOfMemory { .. } => {
+                gst::error_msg!(gst::ResourceError::NoSpaceLeft, ("{}", err))
+            }
+            EngineError::CudaInit(_) => gst::error_msg!(gst::LibraryError::Init, ("{}", err)),
+            EngineError::CudaProcessing(_) => {
+                gst::error_msg!(gst::StreamError::Failed, ("{}", err))
+            }
+            EngineError::NotConfigured => gst::error_msg!(gst::CoreError::Negotiation, ("{}", err)),
+            EngineError::NeuralNeedsCpu(_) => gst::error_msg!(
+                gst::LibraryError::Settings,
+                ("{}", err),
+                ["set backend=auto or backend=cpu with model="]
+            ),
+            EngineError::Model { source, .. } => match source {
+                NeuralError::Io(_) => gst::error_msg!(gst::ResourceError::OpenRead, ("{}", err)),
+                NeuralError::Parse(_) | NeuralError::Graph(_) => {
+                    gst::error_msg!(gst::StreamError::Format, ("{}", err))
+                }
+                NeuralError::Unsupported(_) => {
+                    gst::error_msg!(gst::StreamError::NotImplemented, ("{}", err))
+                }
+                NeuralError::Model(_) => gst::error_msg!(gst::ResourceError::Settings, ("{}", err)),
+            },
+        }
+    }
 }
 
 /// Severity of a log line the engine asks for.
@@ -114,10 +172,11 @@ pub enum EngineEvent {
     FellBack(String),
 }
 
-/// The per-stream processor. A neural sibling slots in here.
+/// The per-stream processor.
 enum Processor {
     ClassicCpu(Box<CpuPipeline>),
     ClassicCuda(Box<CudaPipeline>),
+    NeuralCpu(Box<NeuralCpu>),
 }
 
 impl Processor {
@@ -125,7 +184,37 @@ impl Processor {
         match self {
             Processor::ClassicCpu(p) => p.reset(),
             Processor::ClassicCuda(p) => p.reset(),
+            Processor::NeuralCpu(p) => p.reset(),
         }
+    }
+}
+
+/// The neural stage's temporal settings.
+fn neural_params(settings: &Settings) -> NeuralTemporalParams {
+    NeuralTemporalParams {
+        history: settings.stage.temporal_history as usize,
+        strength: settings.stage.temporal_strength,
+        motion_sigma: settings.stage.motion_sigma,
+        stat_smoothing: settings.model.stat_smoothing as f32,
+        scene_cut_threshold: settings.stage.scene_cut_threshold,
+    }
+}
+
+/// The frame converter's configuration for `model` on `format` with these settings.
+fn converter_config(
+    model: &NeuralModel,
+    format: &StreamFormat,
+    settings: &Settings,
+) -> ConverterConfig {
+    ConverterConfig {
+        width: format.geometry.width,
+        height: format.geometry.height,
+        matrix: format.matrix,
+        range: format.range,
+        layout: model.input_layout(),
+        value_range: settings.model.range.into(),
+        multiple: neural_cpu::size_multiple(model, settings.model.size_multiple),
+        scale: settings.model.scale,
     }
 }
 
@@ -144,6 +233,8 @@ fn classic_shape(settings: &Settings, geometry: FrameGeometry) -> Shape {
 /// Configured per-stream values (set by [`Engine::configure`]).
 struct Stream {
     format: StreamFormat,
+    /// `model-edges`: the classic lines over the network's output.
+    model_edges: bool,
     shape: Shape,
     stage: StageParams,
     params: ToonParams,
@@ -152,6 +243,8 @@ struct Stream {
 /// One element instance's engine, created in `start` and dropped in `stop`.
 pub struct Engine {
     choice: BackendChoice,
+    /// The network of `model=`, loaded at start; `None` runs the classic pipeline.
+    model: Option<(String, Arc<NeuralModel>)>,
     backend: Backend,
     max_device_memory: u64,
     use_graph: bool,
@@ -163,12 +256,25 @@ pub struct Engine {
 impl Engine {
     /// Chooses the backend: backend=cuda fails without a usable device, backend=auto falls
     /// back to the CPU reference (a [`EngineEvent::FellBack`]).
+    ///
+    /// With `model=` the model is loaded and checked first. The neural stage runs on the CPU
+    /// reference: backend=auto says so with a warning, backend=cuda is an error.
     pub fn start(settings: &Settings) -> Result<Engine, EngineError> {
         let device_id = settings.device_id;
         let mut events = Vec::new();
-        let backend = match settings.backend {
-            BackendChoice::Cpu => Backend::Cpu,
-            choice => match cuda::probe(device_id as usize) {
+        let model = Self::load_model(&settings.model.path, &mut events)?;
+        let backend = match (settings.backend, &model) {
+            (BackendChoice::Cpu, _) => Backend::Cpu,
+            (BackendChoice::Cuda, Some((path, _))) => {
+                return Err(EngineError::NeuralNeedsCpu(path.clone()));
+            }
+            (BackendChoice::Auto, Some(_)) => {
+                events.push(EngineEvent::FellBack(
+                    "model= runs on the CPU reference: the neural stage has no GPU path yet".into(),
+                ));
+                Backend::Cpu
+            }
+            (choice, None) => match cuda::probe(device_id as usize) {
                 Ok(name) => {
                     events.push(EngineEvent::Log(
                         Level::Info,
@@ -187,6 +293,7 @@ impl Engine {
         };
         Ok(Engine {
             choice: settings.backend,
+            model,
             backend,
             max_device_memory: settings.max_device_memory,
             use_graph: settings.cuda_graph,
@@ -194,6 +301,36 @@ impl Engine {
             processor: None,
             events,
         })
+    }
+
+    /// Reads and checks the ONNX file at `path` (`None` for an empty path).
+    fn load_model(
+        path: &str,
+        events: &mut Vec<EngineEvent>,
+    ) -> Result<Option<(String, Arc<NeuralModel>)>, EngineError> {
+        if path.is_empty() {
+            return Ok(None);
+        }
+        let model = NeuralModel::load(Path::new(path)).map_err(|source| EngineError::Model {
+            path: path.to_string(),
+            source,
+        })?;
+        events.push(EngineEvent::Log(
+            Level::Info,
+            format!(
+                "model {path} ({}): {} bytes of weights, {:?} input, size multiple {}",
+                model.name(),
+                model.weight_bytes(),
+                model.input_layout(),
+                model.size_multiple()
+            ),
+        ));
+        Ok(Some((path.to_string(), Arc::new(model))))
+    }
+
+    /// The model's name, when `model=` is set.
+    pub fn model_name(&self) -> Option<&str> {
+        self.model.as_ref().map(|(_, m)| m.name())
     }
 
     pub fn backend(&self) -> Backend {
@@ -224,12 +361,17 @@ impl Engine {
         let shape = classic_shape(settings, geometry);
         self.stream = None;
         self.use_graph = settings.cuda_graph;
-        self.install(shape, geometry)?;
+        if self.model.is_some() {
+            self.install_neural(&format, settings)?;
+        } else {
+            self.install(shape, geometry)?;
+        }
         if let Some(p) = &mut self.processor {
             p.reset();
         }
         self.stream = Some(Stream {
             format,
+            model_edges: settings.model.edges,
             shape,
             stage: settings.stage.clone(),
             params: ToonParams::new(
@@ -238,11 +380,15 @@ impl Engine {
                 geometry.height as u32,
             ),
         });
+        let what = match &self.model {
+            Some((path, _)) => format!("model {path}"),
+            None => format!("{shape:?}"),
+        };
         self.log(
             Level::Info,
             format!(
-                "configured for {}x{} ({:?}, {:?} {:?})",
-                geometry.width, geometry.height, shape, format.matrix, format.range
+                "configured for {}x{} ({what}; {:?} {:?})",
+                geometry.width, geometry.height, format.matrix, format.range
             ),
         );
         Ok(())
@@ -255,6 +401,25 @@ impl Engine {
             return Ok(());
         };
         let geometry = stream.format.geometry;
+        if let Some((_, model)) = &self.model {
+            let config = converter_config(model, &stream.format, settings);
+            let format = stream.format;
+            self.refresh_params(settings);
+            let current = match &self.processor {
+                Some(Processor::NeuralCpu(p)) => Some(*p.config()),
+                _ => None,
+            };
+            if current != Some(config) {
+                self.log(
+                    Level::Info,
+                    format!("network configuration changed to {config:?}: re-specialising"),
+                );
+                self.install_neural(&format, settings)?;
+            } else if let Some(Processor::NeuralCpu(p)) = &mut self.processor {
+                p.set_params(neural_params(settings));
+            }
+            return Ok(());
+        }
         let shape = classic_shape(settings, geometry);
         if shape != stream.shape {
             self.log(
@@ -266,7 +431,22 @@ impl Engine {
                 s.shape = shape;
             }
         }
-        let stream = self.stream.as_mut().expect("checked above");
+        self.refresh_params(settings);
+        if settings.cuda_graph != self.use_graph {
+            self.use_graph = settings.cuda_graph;
+            if let Some(Processor::ClassicCuda(p)) = &mut self.processor {
+                p.set_use_graph(self.use_graph);
+            }
+        }
+        Ok(())
+    }
+
+    /// Follows the stage parameters (the classic pipeline's, and the lines of model-edges).
+    fn refresh_params(&mut self, settings: &Settings) {
+        let Some(stream) = &mut self.stream else {
+            return;
+        };
+        let geometry = stream.format.geometry;
         if settings.stage != stream.stage {
             stream.params = ToonParams::new(
                 &settings.stage,
@@ -275,12 +455,46 @@ impl Engine {
             );
             stream.stage = settings.stage.clone();
         }
-        if settings.cuda_graph != self.use_graph {
-            self.use_graph = settings.cuda_graph;
-            if let Some(Processor::ClassicCuda(p)) = &mut self.processor {
-                p.set_use_graph(self.use_graph);
-            }
-        }
+        stream.model_edges = settings.model.edges;
+    }
+
+    /// Specialises the model for `format` and the settings. The previous processor goes first,
+    /// so two networks' buffers are never alive at once.
+    fn install_neural(
+        &mut self,
+        format: &StreamFormat,
+        settings: &Settings,
+    ) -> Result<(), EngineError> {
+        let (path, model) = self.model.clone().expect("neural mode");
+        self.processor = None;
+        let config = converter_config(&model, format, settings);
+        let p = NeuralCpu::new(
+            model,
+            config,
+            neural_params(settings),
+            self.max_device_memory,
+        )
+        .map_err(|source| EngineError::Model { path, source })?;
+        let (h, w) = p.network_size();
+        let plan = p.plan();
+        let frame = p.frame_stats();
+        self.log(
+            Level::Info,
+            format!(
+                "network {} for {}x{} runs at {w}x{h} (scale {}, multiple {}): {} stages, arena {} \
+                 bytes, peak live {} bytes",
+                p.model().name(),
+                config.width,
+                config.height,
+                config.scale,
+                config.multiple,
+                frame.stages,
+                plan.arena_bytes,
+                plan.peak_live_bytes
+            ),
+        );
+        self.log(Level::Debug, format!("activation ledger:\n{}", p.ledger()));
+        self.processor = Some(Processor::NeuralCpu(Box::new(p)));
         Ok(())
     }
 
@@ -388,6 +602,24 @@ impl Engine {
                 return Ok(FrameOutcome {
                     report: p.process(params, input, output),
                     gpu: None,
+                    neural: None,
+                });
+            }
+            Processor::NeuralCpu(p) => {
+                let lines = stream.model_edges.then_some(params);
+                let report =
+                    p.process(input, output, lines)
+                        .map_err(|source| EngineError::Model {
+                            path: self
+                                .model
+                                .as_ref()
+                                .map_or_else(String::new, |m| m.0.clone()),
+                            source,
+                        })?;
+                return Ok(FrameOutcome {
+                    report,
+                    gpu: None,
+                    neural: Some(p.frame_stats()),
                 });
             }
             Processor::ClassicCuda(p) => p
@@ -403,6 +635,7 @@ impl Engine {
                 Ok(FrameOutcome {
                     report,
                     gpu: Some(gpu),
+                    neural: None,
                 })
             }
             Err(err) if self.choice == BackendChoice::Auto => {
@@ -414,7 +647,11 @@ impl Engine {
                     CpuPipeline::new(stream.format.geometry, shape.temporal_history as usize);
                 let report = cpu.process(&stream.params, input, output);
                 self.processor = Some(Processor::ClassicCpu(Box::new(cpu)));
-                Ok(FrameOutcome { report, gpu: None })
+                Ok(FrameOutcome {
+                    report,
+                    gpu: None,
+                    neural: None,
+                })
             }
             Err(err) => Err(EngineError::CudaProcessing(err)),
         }
@@ -622,6 +859,134 @@ mod tests {
         let (b, outcome) = run(&mut engine, f.geometry, 0);
         assert_ne!(a, b, "levels=3 must change the picture");
         assert!(outcome.report.history_used <= 1);
+    }
+
+    /// Writes y = −x (NCHW, 1x1 convolution) to a temporary file.
+    fn negate_model(tag: &str) -> std::path::PathBuf {
+        use crate::neural::onnx::{self, GraphProto, float_tensor, node, value_info};
+        let float = onnx::data_type::FLOAT;
+        let mut g = GraphProto {
+            name: "negate".into(),
+            ..Default::default()
+        };
+        g.input.push(value_info("x", float, &[1, 3, -1, -1]));
+        g.output.push(value_info("y", float, &[1, 3, -1, -1]));
+        let mut w = vec![0.0f32; 9];
+        for c in 0..3 {
+            w[c * 3 + c] = -1.0;
+        }
+        g.initializer.push(float_tensor("w", &[3, 3, 1, 1], &w));
+        g.node.push(node("Conv", &["x", "w"], &["y"], vec![]));
+        let path =
+            std::env::temp_dir().join(format!("toonflow-engine-{tag}-{}.onnx", std::process::id()));
+        std::fs::write(&path, onnx::encode_model(&onnx::model(g, 13))).unwrap();
+        path
+    }
+
+    fn neural_settings(path: &std::path::Path) -> Settings {
+        let mut s = cpu_settings();
+        s.model.path = path.to_str().unwrap().into();
+        s.stage.temporal_history = 0;
+        s
+    }
+
+    #[test]
+    fn a_model_runs_the_network_and_follows_its_properties() {
+        let path = negate_model("follow");
+        let mut settings = neural_settings(&path);
+        let mut engine = Engine::start(&settings).unwrap();
+        let file = path.file_name().unwrap().to_str().unwrap();
+        assert_eq!(engine.model_name(), Some(file));
+        let f = format(64, 48);
+        engine.configure(f, &settings).unwrap();
+        let events = engine.take_events();
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, EngineEvent::Log(Level::Debug, t) if t.contains("ledger"))),
+            "{events:?}"
+        );
+        let (out, outcome) = run(&mut engine, f.geometry, 0);
+        let (y, _) = frame(f.geometry, 0);
+        // Limited-range negative: 16 + 235 − Y.
+        assert!(
+            out[..64 * 48]
+                .iter()
+                .zip(&y)
+                .all(|(&o, &i)| (o as i32 - (251 - i as i32)).abs() <= 1)
+        );
+        let n = outcome.neural.expect("neural stats");
+        assert_eq!((n.network_width, n.network_height), (64, 48));
+        assert!(n.stages >= 1 && n.arena_bytes >= 3 * 64 * 48 * 4);
+
+        settings.model.scale = 0.5;
+        engine.update(&settings).unwrap();
+        let n = run(&mut engine, f.geometry, 0).1.neural.unwrap();
+        assert_eq!((n.network_width, n.network_height), (32, 24));
+
+        // model-edges draws lines: the picture gets darker somewhere, nowhere brighter.
+        settings.model.scale = 1.0;
+        engine.update(&settings).unwrap();
+        let (plain, _) = run(&mut engine, f.geometry, 0);
+        settings.model.edges = true;
+        engine.update(&settings).unwrap();
+        let (lined, _) = run(&mut engine, f.geometry, 0);
+        let luma = 64 * 48;
+        assert!(
+            lined[..luma]
+                .iter()
+                .zip(&plain[..luma])
+                .all(|(a, b)| a <= b)
+        );
+        assert!(lined[..luma] != plain[..luma]);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_model_runs_on_the_cpu_reference_whatever_the_backend() {
+        let path = negate_model("backend");
+        let mut settings = neural_settings(&path);
+        settings.backend = BackendChoice::Auto;
+        let mut engine = Engine::start(&settings).unwrap();
+        assert_eq!(engine.backend(), Backend::Cpu);
+        let events = engine.take_events();
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, EngineEvent::FellBack(t) if t.contains("CPU reference"))),
+            "{events:?}"
+        );
+        settings.backend = BackendChoice::Cuda;
+        let err = Engine::start(&settings)
+            .err()
+            .expect("backend=cuda with a model");
+        assert!(matches!(err, EngineError::NeuralNeedsCpu(_)), "{err}");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_missing_model_fails_start_naming_the_file() {
+        let settings = neural_settings(std::path::Path::new("/nonexistent/none.onnx"));
+        let err = Engine::start(&settings).err().expect("missing file");
+        assert!(err.to_string().contains("/nonexistent/none.onnx"), "{err}");
+        assert!(matches!(
+            err,
+            EngineError::Model {
+                source: NeuralError::Io(_),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_plan_over_the_cap_fails_configure() {
+        let path = negate_model("cap");
+        let mut settings = neural_settings(&path);
+        settings.max_device_memory = 4096;
+        let mut engine = Engine::start(&settings).unwrap();
+        let err = engine.configure(format(64, 48), &settings).unwrap_err();
+        assert!(err.to_string().contains("max-device-memory"), "{err}");
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]

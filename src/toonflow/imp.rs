@@ -12,7 +12,7 @@ use gst_base::subclass::prelude::*;
 use gst_video::subclass::prelude::*;
 use parking_lot::Mutex;
 
-use super::engine::{Engine, EngineError, EngineEvent, Level, StreamFormat};
+use super::engine::{Engine, EngineEvent, FrameOutcome, Level, StreamFormat};
 use super::properties;
 use super::settings::Settings;
 use super::stats::Stats;
@@ -38,23 +38,6 @@ pub struct Toonflow {
     settings: Mutex<Settings>,
     state: Mutex<Option<State>>,
     stats: Mutex<Stats>,
-}
-
-/// The bus message for an engine error, in the GStreamer error domain that fits it.
-fn error_message(err: &EngineError) -> gst::ErrorMessage {
-    match err {
-        EngineError::CudaRequired { .. } => gst::error_msg!(
-            gst::LibraryError::Init,
-            ("{}", err),
-            ["set backend=auto or backend=cpu to run without a GPU"]
-        ),
-        EngineError::OutOfMemory { .. } => {
-            gst::error_msg!(gst::ResourceError::NoSpaceLeft, ("{}", err))
-        }
-        EngineError::CudaInit(_) => gst::error_msg!(gst::LibraryError::Init, ("{}", err)),
-        EngineError::CudaProcessing(_) => gst::error_msg!(gst::StreamError::Failed, ("{}", err)),
-        EngineError::NotConfigured => gst::error_msg!(gst::CoreError::Negotiation, ("{}", err)),
-    }
 }
 
 impl Toonflow {
@@ -95,12 +78,7 @@ impl Toonflow {
     }
 
     /// Counts a frame and posts `toonflow-stats` when one is due.
-    fn record(
-        &self,
-        outcome: &super::engine::FrameOutcome,
-        elapsed_us: f64,
-        geometry: FrameGeometry,
-    ) {
+    fn record(&self, outcome: &FrameOutcome, elapsed_us: f64, geometry: FrameGeometry) {
         let interval = self.settings.lock().stats_interval;
         let message = {
             let mut stats = self.stats.lock();
@@ -197,8 +175,10 @@ impl BaseTransformImpl for Toonflow {
 
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let settings = self.settings.lock().clone();
-        let mut engine = Engine::start(&settings).map_err(|e| error_message(&e))?;
-        *self.stats.lock() = Stats::new(engine.backend().name());
+        let mut engine = Engine::start(&settings).map_err(|e| e.message())?;
+        let mut stats = Stats::new(engine.backend().name());
+        stats.set_model(engine.model_name().unwrap_or(""));
+        *self.stats.lock() = stats;
         self.drain(&mut engine);
         *self.state.lock() = Some(State { engine, info: None });
         Ok(())
@@ -264,7 +244,7 @@ impl BaseTransformImpl for Toonflow {
         let updated = engine.update(&settings);
         self.drain(engine);
         if let Err(e) = updated {
-            self.post_error_message(error_message(&e));
+            self.post_error_message(e.message());
             return Err(gst::FlowError::Error);
         }
         if inbuf.flags().contains(gst::BufferFlags::DISCONT) {
@@ -289,7 +269,7 @@ impl BaseTransformImpl for Toonflow {
         self.drain(engine);
         drop(guard);
         let outcome = result.map_err(|e| {
-            self.post_error_message(error_message(&e));
+            self.post_error_message(e.message());
             gst::FlowError::Error
         })?;
         if outcome.report.scene_cut {
@@ -325,7 +305,7 @@ impl VideoFilterImpl for Toonflow {
         let configured = state.engine.configure(format, &settings);
         self.drain(&mut state.engine);
         configured.map_err(|e| {
-            self.post_error_message(error_message(&e));
+            self.post_error_message(e.message());
             gst::loggable_error!(CAT, "Cannot set up for {incaps}: {e}")
         })?;
         state.info = Some(in_info.clone());

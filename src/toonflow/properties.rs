@@ -9,10 +9,15 @@ use gst::prelude::*;
 
 use super::settings::{
     BackendChoice, DEFAULT_CUDA_GRAPH, DEFAULT_DEVICE_ID, DEFAULT_MAX_DEVICE_MEMORY,
-    DEFAULT_STATS_INTERVAL, PrecisionChoice, Settings,
+    DEFAULT_MODEL_EDGES, DEFAULT_MODEL_SCALE, DEFAULT_MODEL_SIZE_MULTIPLE,
+    DEFAULT_MODEL_STAT_SMOOTHING, DEFAULT_STATS_INTERVAL, ModelRange, PrecisionChoice, Settings,
 };
+use crate::neural::frame::ConverterConfig;
 use crate::pipeline::StageParams;
 use crate::pipeline::params::{MAX_HISTORY, MAX_ITERATIONS};
+
+/// `model-stat-smoothing`'s maximum as the property shows it (the smoother's f32 limit).
+const MAX_SMOOTHING: f64 = 0.99;
 
 /// One row of the table.
 pub struct Property {
@@ -30,6 +35,19 @@ macro_rules! row {
             set: |s, v| s.$($path).+ = v.get().expect("type checked upstream"),
         }
     };
+    // A string field: unset (NULL) reads back as "".
+    (string $($path:ident).+ => $spec:expr) => {
+        Property {
+            spec: $spec,
+            get: |s| s.$($path).+.to_value(),
+            set: |s, v| {
+                s.$($path).+ = v
+                    .get::<Option<String>>()
+                    .expect("type checked upstream")
+                    .unwrap_or_default()
+            },
+        }
+    };
 }
 
 fn uint(name: &str, nick: &str, blurb: &str, range: (u32, u32), default: u32) -> glib::ParamSpec {
@@ -45,6 +63,17 @@ fn uint(name: &str, nick: &str, blurb: &str, range: (u32, u32), default: u32) ->
 
 fn float(name: &str, nick: &str, blurb: &str, range: (f32, f32), default: f32) -> glib::ParamSpec {
     glib::ParamSpecFloat::builder(name)
+        .nick(nick)
+        .blurb(blurb)
+        .minimum(range.0)
+        .maximum(range.1)
+        .default_value(default)
+        .mutable_playing()
+        .build()
+}
+
+fn double(name: &str, nick: &str, blurb: &str, range: (f64, f64), default: f64) -> glib::ParamSpec {
+    glib::ParamSpecDouble::builder(name)
         .nick(nick)
         .blurb(blurb)
         .minimum(range.0)
@@ -103,11 +132,26 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
         row!(cuda_graph => boolean("cuda-graph", "CUDA graph", "Replay each frame's kernels as a captured CUDA graph (false = launch them one by one)", DEFAULT_CUDA_GRAPH)),
         row!(max_device_memory => glib::ParamSpecUInt64::builder("max-device-memory")
             .nick("Max device memory")
-            .blurb("Largest device arena in bytes this element may allocate (0 = no limit); a larger plan fails negotiation with an error")
+            .blurb("Largest device arena in bytes this element may allocate (0 = no limit); a larger plan fails negotiation with an error. With a model it caps the network's activation plan (fp32 on the CPU reference)")
             .default_value(DEFAULT_MAX_DEVICE_MEMORY)
             .mutable_ready()
             .build()),
         row!(stats_interval => uint("stats-interval", "Stats interval", "Post a toonflow-stats element message every this many frames (0 = never)", (0, u32::MAX), DEFAULT_STATS_INTERVAL)),
+        row!(string model.path => glib::ParamSpecString::builder("model")
+            .nick("Model")
+            .blurb("Path to an ONNX style network (RGB in and out, 3 channels, NHWC or NCHW) that replaces the classic pipeline; empty = the classic cartoon filter. Read at start; runs on the CPU reference (docs/neural.md)")
+            .default_value(Some(""))
+            .mutable_ready()
+            .build()),
+        row!(model.range => glib::ParamSpecEnum::builder_with_default("model-range", ModelRange::MinusOneToOne)
+            .nick("Model range")
+            .blurb("Value range of the network's RGB input and output")
+            .mutable_playing()
+            .build()),
+        row!(model.scale => double("model-scale", "Model scale", "Run the network at this fraction of the frame size and scale its output up: 0.5 takes about a quarter of the time and memory and softens detail", (ConverterConfig::MIN_SCALE, ConverterConfig::MAX_SCALE), DEFAULT_MODEL_SCALE)),
+        row!(model.size_multiple => uint("model-size-multiple", "Model size multiple", "The network's input is padded (reflect) to a multiple of this and its output cropped back (0 = what the model's strides need)", (0, ConverterConfig::MAX_MULTIPLE as u32), DEFAULT_MODEL_SIZE_MULTIPLE)),
+        row!(model.stat_smoothing => double("model-stat-smoothing", "Model statistics smoothing", "Exponential smoothing of each normalization's statistics over recent frames against flicker (0 = each frame's own, as the network was trained)", (0.0, MAX_SMOOTHING), DEFAULT_MODEL_STAT_SMOOTHING)),
+        row!(model.edges => boolean("model-edges", "Model edges", "Draw the classic pipeline's DoG lines (edge-* properties) over the network's output", DEFAULT_MODEL_EDGES)),
     ]
 });
 
@@ -116,7 +160,7 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
 fn stats_spec() -> glib::ParamSpec {
     glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
         .nick("Statistics")
-        .blurb("Running statistics: backend, frames, scene-cuts, mean-us/p50-us/p99-us per frame, and on CUDA gpu-time-us, transfer-time-us, launches, graph-replayed, arena-bytes, peak-live-bytes, device-free-bytes")
+        .blurb("Running statistics: backend, frames, scene-cuts, mean-us/p50-us/p99-us per frame; on CUDA gpu-time-us, transfer-time-us, launches, graph-replayed, arena-bytes, peak-live-bytes, device-free-bytes; with a model its name, stages per frame, network-width/network-height it runs at, arena-bytes and peak-live-bytes of its activation plan")
         .read_only()
         .build()
 }
@@ -159,6 +203,7 @@ pub fn get(settings: &Settings, id: usize) -> glib::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::neural::temporal::MAX_STAT_SMOOTHING;
 
     #[test]
     fn every_row_reads_back_what_was_written_and_defaults_match_settings() {
@@ -197,6 +242,17 @@ mod tests {
                     v.to_value()
                 }
                 t if t == u64::static_type() => 12345u64.to_value(),
+                t if t == f64::static_type() => {
+                    let spec = p.spec.downcast_ref::<glib::ParamSpecDouble>().unwrap();
+                    let v = if spec.default_value() == spec.maximum() {
+                        spec.minimum()
+                    } else {
+                        spec.maximum()
+                    };
+                    v.to_value()
+                }
+                t if t == String::static_type() => "some/model.onnx".to_value(),
+                t if t == ModelRange::static_type() => ModelRange::ZeroTo255.to_value(),
                 t if t == bool::static_type() => (!get(&s, id).get::<bool>().unwrap()).to_value(),
                 t if t == BackendChoice::static_type() => BackendChoice::Cpu.to_value(),
                 t if t == PrecisionChoice::static_type() => PrecisionChoice::Fp32.to_value(),
@@ -213,6 +269,23 @@ mod tests {
             set(&mut s, id, &get(&defaults, id));
             assert_eq!(s, defaults, "{} touched another field", p.spec.name());
         }
+    }
+
+    #[test]
+    fn the_smoothing_limit_is_the_smoothers() {
+        assert_eq!(MAX_SMOOTHING as f32, MAX_STAT_SMOOTHING);
+    }
+
+    #[test]
+    fn an_unset_model_reads_back_empty() {
+        gst::init().unwrap();
+        let id = 1 + TABLE.iter().position(|p| p.spec.name() == "model").unwrap();
+        let mut s = Settings::default();
+        set(&mut s, id, &"a.onnx".to_value());
+        assert_eq!(s.model.path, "a.onnx");
+        set(&mut s, id, &None::<String>.to_value());
+        assert_eq!(s.model.path, "");
+        assert_eq!(get(&s, id).get::<String>().unwrap(), "");
     }
 
     #[test]

@@ -5,6 +5,7 @@ use crate::pipeline::FrameGeometry;
 use crate::pipeline::stats::TimeWindow;
 
 use super::engine::FrameOutcome;
+use super::neural_cpu::NeuralFrameStats;
 
 /// Frames kept for the latency percentiles.
 const TIME_WINDOW: usize = 1024;
@@ -20,6 +21,9 @@ pub struct Stats {
     height: u32,
     times: TimeWindow,
     gpu: GpuFrameStats,
+    /// The model's name in neural mode ("" for the classic pipeline).
+    model: String,
+    neural: NeuralFrameStats,
 }
 
 impl Default for Stats {
@@ -40,12 +44,19 @@ impl Stats {
             height: 0,
             times: TimeWindow::new(TIME_WINDOW),
             gpu: GpuFrameStats::default(),
+            model: String::new(),
+            neural: NeuralFrameStats::default(),
         }
     }
 
     /// The backend now running (it changes when CUDA falls back to the CPU).
     pub fn set_backend(&mut self, backend: &'static str) {
         self.backend = backend;
+    }
+
+    /// The model in use (neural mode).
+    pub fn set_model(&mut self, name: &str) {
+        self.model = name.to_string();
     }
 
     /// Counts one processed frame. Returns whether a `toonflow-stats` message is due after it
@@ -67,6 +78,9 @@ impl Stats {
         self.times.push(elapsed_us);
         if let Some(gpu) = outcome.gpu {
             self.gpu = gpu;
+        }
+        if let Some(neural) = outcome.neural {
+            self.neural = neural;
         }
         interval > 0 && self.frames.is_multiple_of(interval as u64)
     }
@@ -91,9 +105,19 @@ impl Stats {
             .field("download-time-us", self.gpu.download_time_us)
             .field("launches", self.gpu.launches)
             .field("graph-replayed", self.gpu.graph_replayed)
-            .field("arena-bytes", self.gpu.arena_bytes)
-            .field("peak-live-bytes", self.gpu.peak_live_bytes)
+            .field(
+                "arena-bytes",
+                self.gpu.arena_bytes.max(self.neural.arena_bytes),
+            )
+            .field(
+                "peak-live-bytes",
+                self.gpu.peak_live_bytes.max(self.neural.peak_live_bytes),
+            )
             .field("device-free-bytes", self.gpu.device_free_bytes)
+            .field("model", self.model.as_str())
+            .field("stages", self.neural.stages)
+            .field("network-width", self.neural.network_width)
+            .field("network-height", self.neural.network_height)
             .build()
     }
 }
@@ -111,7 +135,33 @@ mod tests {
                 history_used: 2,
             },
             gpu,
+            neural: None,
         }
+    }
+
+    #[test]
+    fn neural_frames_report_plan_and_stages() {
+        gst::init().unwrap();
+        let mut s = Stats::new("cpu");
+        s.set_model("tiny");
+        let g = FrameGeometry {
+            width: 64,
+            height: 64,
+        };
+        let mut o = outcome(false, None);
+        o.neural = Some(NeuralFrameStats {
+            arena_bytes: 1 << 20,
+            peak_live_bytes: 3 << 18,
+            stages: 12,
+            network_width: 64,
+            network_height: 64,
+        });
+        s.record(&o, 1.0, g, 0);
+        let snap = s.snapshot();
+        assert_eq!(snap.get::<&str>("model").unwrap(), "tiny");
+        assert_eq!(snap.get::<u32>("stages").unwrap(), 12);
+        assert_eq!(snap.get::<u64>("arena-bytes").unwrap(), 1 << 20);
+        assert_eq!(snap.get::<u64>("peak-live-bytes").unwrap(), 3 << 18);
     }
 
     #[test]
