@@ -5,6 +5,8 @@
 //! so the statistics smoothing shows). Bad models must post a clear error and never panic.
 
 mod common;
+#[path = "common/onnx_models.rs"]
+mod onnx_models;
 
 use common::*;
 use gst::prelude::*;
@@ -694,4 +696,101 @@ fn the_classic_pipeline_is_unchanged_when_model_is_empty() {
     let s = h.element().unwrap().property::<gst::Structure>("stats");
     assert_eq!(s.get::<&str>("model").unwrap(), "");
     assert_eq!(s.get::<u32>("stages").unwrap(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The project's AnimeGANv3-like models (tests/common/onnx_models.rs)
+// ---------------------------------------------------------------------------------------------
+
+fn write_proto(dir: &TempDir, name: &str, model: &onnx::ModelProto) -> String {
+    let path = dir.path(name);
+    std::fs::write(&path, onnx::encode_model(model)).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn tiny_like_pads_to_16_and_stylizes_deterministically() {
+    let dir = TempDir::new("neural-tiny");
+    let model = write_proto(&dir, "tiny_like.onnx", &onnx_models::tiny_like());
+    let input = picture(70, 46, 0);
+    let run = || {
+        let mut h = neural_harness(&model, 70, 46, "temporal-history=0");
+        let out = push(&mut h, &input);
+        (out, stats(&h))
+    };
+    let (a, s) = run();
+    assert_eq!((a.width, a.height), (70, 46));
+    assert_eq!(
+        (
+            s.get::<u32>("network-width").unwrap(),
+            s.get::<u32>("network-height").unwrap()
+        ),
+        (80, 48)
+    );
+    assert!(s.get::<u32>("stages").unwrap() > 10, "{s}");
+    assert!(
+        mean_abs_diff(a.y(), input.y()) > 1.0,
+        "a random network changes the picture"
+    );
+    let (b, _) = run();
+    assert_eq!(a.data, b.data, "same model, same frame, same picture");
+}
+
+#[test]
+fn tiny_like_statistics_smoothing_changes_only_later_frames() {
+    let dir = TempDir::new("neural-tiny-smooth");
+    let model = write_proto(&dir, "tiny_like.onnx", &onnx_models::tiny_like());
+    let first = picture(64, 48, 0);
+    let mut second = picture(64, 48, 9);
+    for v in second.y_mut() {
+        *v = v.saturating_add(30);
+    }
+    let frames = |extra: &str| {
+        let mut h = neural_harness(
+            &model,
+            64,
+            48,
+            &format!("temporal-history=0 scene-cut-threshold=100 {extra}"),
+        );
+        (push(&mut h, &first), push(&mut h, &second))
+    };
+    let (a0, b0) = frames("");
+    let (a9, b9) = frames("model-stat-smoothing=0.9");
+    assert_eq!(a0.data, a9.data, "the first frame uses its own statistics");
+    assert!(
+        mean_abs_diff(b0.y(), b9.y()) > 0.1,
+        "smoothed statistics must change the second frame"
+    );
+}
+
+#[test]
+fn hayao_like_runs_in_a_pipeline_at_half_scale() {
+    let dir = TempDir::new("neural-hayao");
+    let model = write_proto(&dir, "hayao_like.onnx", &onnx_models::hayao_like());
+    let p = launch(&format!(
+        "videotestsrc num-buffers=3 pattern=ball ! video/x-raw,format=NV12,width=100,height=62 ! \
+         toonflow name=t backend=cpu model=\"{model}\" model-scale=0.5 ! fakesink"
+    ));
+    let (eos, errors, _) = run(&p);
+    assert!(eos, "{errors:?}");
+    let s = p.by_name("t").unwrap().property::<gst::Structure>("stats");
+    assert_eq!(s.get::<u64>("frames").unwrap(), 3);
+    // 100x62 at half scale is 50x31, padded to the multiple 8: 56x32.
+    assert_eq!(
+        (
+            s.get::<u32>("network-width").unwrap(),
+            s.get::<u32>("network-height").unwrap()
+        ),
+        (56, 32)
+    );
+}
+
+#[test]
+fn every_broken_model_of_the_project_posts_its_error() {
+    let dir = TempDir::new("neural-broken");
+    for (name, bytes, needles) in onnx_models::bad_models() {
+        let path = dir.path(&format!("{name}.onnx"));
+        std::fs::write(&path, bytes).unwrap();
+        assert_fails(&format!("model=\"{}\"", path.display()), &needles);
+    }
 }

@@ -14,7 +14,7 @@ use gsttoonflow::neural::frame::TensorLayout;
 use gsttoonflow::neural::lower::StageKind;
 use gsttoonflow::neural::onnx::encode_model;
 use gsttoonflow::neural::{NeuralError, Tensor};
-use onnx_models::{Rng, bad_models, hayao_like, tiny_like};
+use onnx_models::{Rng, bad_models, hayao_like, nchw_model, tiny_like};
 
 const TOLERANCE: f32 = 1e-4;
 
@@ -149,6 +149,26 @@ fn hayao_like_matches_tract() {
     for (h, w) in [(64, 64), (72, 96)] {
         let (diff, ..) = compare_with_tract(&bytes, "hayao_like", h, w);
         assert!(diff <= TOLERANCE, "hayao_like {w}x{h}: {diff}");
+    }
+}
+
+#[test]
+fn an_nchw_model_matches_tract() {
+    let bytes = encode_model(&nchw_model());
+    let m = NeuralModel::from_bytes(&bytes, "nchw").unwrap();
+    assert_eq!(m.input_layout(), TensorLayout::Nchw);
+    assert_eq!(m.size_multiple(), 4);
+    for (h, w) in [(32, 32), (36, 52)] {
+        let spec = m.specialise(h, w).unwrap();
+        assert_eq!(spec.input_shape(), [1, 3, h, w]);
+        let input = random_input(spec.input_shape(), 11);
+        let ours = spec.run(&input, None).unwrap();
+        let (theirs, _) = tract_run(&bytes, &input);
+        let diff = max_abs_diff(&ours.data, &theirs);
+        println!("nchw {w}x{h}: max |ours - tract| = {diff:.2e}");
+        assert!(diff <= TOLERANCE, "nchw {w}x{h}: {diff}");
+        let unlowered = spec.run_unlowered(&input).unwrap();
+        assert!(max_abs_diff(&ours.data, &unlowered.data) <= 1e-5);
     }
 }
 

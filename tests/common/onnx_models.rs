@@ -447,3 +447,59 @@ pub fn bad_models() -> Vec<(&'static str, Vec<u8>, Vec<&'static str>)> {
         ),
     ]
 }
+
+/// An NCHW model over other operators: a stride-2 conv with explicit pads, BatchNormalization,
+/// a nearest Resize with constant scales, a depthwise conv, a ConvTranspose back up, Clip,
+/// Concat and a Sigmoid output. Size multiple 4.
+pub fn nchw_model() -> ModelProto {
+    let mut b = Builder::new(0x9c4);
+    let w = b.random("w", &[8, 3, 3, 3], 27);
+    let c = b.op(
+        "Conv",
+        &["input", &w],
+        vec![
+            attr_ints("strides", &[2, 2]),
+            attr_ints("pads", &[1, 1, 1, 1]),
+        ],
+    );
+    let scale = b.random("bn_scale", &[8], 1);
+    let bias = b.random("bn_bias", &[8], 4);
+    let mean = b.random("bn_mean", &[8], 16);
+    let var = b.floats("bn_var", &[8], &[0.5, 1.0, 1.5, 2.0, 0.7, 0.9, 1.1, 1.3]);
+    let bn = b.op(
+        "BatchNormalization",
+        &[&c, &scale, &bias, &mean, &var],
+        vec![attr_float("epsilon", 1e-3)],
+    );
+    let r = b.op("Relu", &[&bn], vec![]);
+    let dw = b.random("dw", &[8, 1, 3, 3], 9);
+    let d = b.op(
+        "Conv",
+        &[&r, &dw],
+        vec![
+            attr_int("group", 8),
+            attr_ints("strides", &[2, 2]),
+            attr_ints("pads", &[1, 1, 1, 1]),
+        ],
+    );
+    let scales = b.floats("scales", &[4], &[1.0, 1.0, 2.0, 2.0]);
+    let up = b.op(
+        "Resize",
+        &[&d, "", &scales],
+        vec![attr_string("mode", "nearest")],
+    );
+    let cat = b.op("Concat", &[&up, &r], vec![attr_int("axis", 1)]);
+    let tw = b.random("tw", &[16, 3, 2, 2], 16);
+    let t = b.op(
+        "ConvTranspose",
+        &[&cat, &tw],
+        vec![attr_ints("strides", &[2, 2])],
+    );
+    let lo = b.floats("lo", &[], &[-2.0]);
+    let hi = b.floats("hi", &[], &[2.0]);
+    let cl = b.op("Clip", &[&t, &lo, &hi], vec![]);
+    let out = b.op("Sigmoid", &[&cl], vec![]);
+    let mut m = b.finish("input", &out, &[1, 3, -1, -1], "nchw_model");
+    rename_output(&mut m, &out, "output");
+    m
+}
