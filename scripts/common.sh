@@ -42,3 +42,31 @@ use_built_plugin() {
   local profile=${1:-release}
   export GST_PLUGIN_PATH="$ROOT/target/$profile${GST_PLUGIN_PATH:+:$GST_PLUGIN_PATH}"
 }
+
+# NVRTC (CUDA's runtime compiler) for the kernel compile test: it needs no GPU and no driver, only
+# the library. Installs NVIDIA's PyPI wheel into target/nvrtc (once; --target leaves the system
+# Python alone) and puts its library directory on LD_LIBRARY_PATH, where cudarc's dlopen finds
+# libnvrtc.so.12 (one of its candidate names). 12.8 matches cudarc's `cuda-12080` feature.
+# Returns non-zero (and says why) when the wheel cannot be installed.
+NVRTC_WHEEL=nvidia-cuda-nvrtc-cu12==12.8.93
+ensure_nvrtc() {
+  local target=${CARGO_TARGET_DIR:-$ROOT/target}/nvrtc
+  local lib=$target/nvidia/cuda_nvrtc/lib
+  if [[ ! -e $lib/libnvrtc.so.12 ]]; then
+    echo "Installing NVRTC ($NVRTC_WHEEL from PyPI) into $target ..."
+    local py
+    py=$(command -v python3 || true)
+    if [[ -z $py ]] || ! "$py" -m pip --version >/dev/null 2>&1; then
+      echo "ensure_nvrtc: python3 with pip is missing (scripts/install-deps.sh installs python3-pip)" >&2
+      return 1
+    fi
+    rm -rf "$target"
+    "$py" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --target "$target" \
+      "$NVRTC_WHEEL" || return 1
+    if [[ ! -e $lib/libnvrtc.so.12 ]]; then
+      echo "ensure_nvrtc: the wheel has no $lib/libnvrtc.so.12" >&2
+      return 1
+    fi
+  fi
+  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}

@@ -87,17 +87,24 @@ main (int argc, char **argv)
   still_frames[1] = frames * 52 / 100;
   still_frames[2] = frames * 78 / 100;
 
+  /* Both compositors' output caps name interlace-mode=progressive. Without it the "camera"
+   * compositor leaves the field out of its caps, and as soon as "sbs" has configured one input it
+   * answers caps queries on the other with interlace-mode=progressive; caps without the field are
+   * not a subset of those, so whichever branch sends its caps second (usually the toonflow branch)
+   * was refused and the stream stopped with not-negotiated, depending on thread timing. */
   gchar *desc = g_strdup_printf (
       "filesrc location=\"%s\" ! decodebin ! videoconvert ! video/x-raw,format=AYUV "
       "! imagefreeze num-buffers=%d ! video/x-raw,framerate=%d/1 ! camera.sink_0 "
       "compositor name=camera background=black "
-      "! video/x-raw,format=AYUV,width=%d,height=%d,framerate=%d/1 ! tee name=split "
+      "! video/x-raw,format=AYUV,width=%d,height=%d,framerate=%d/1,interlace-mode=progressive "
+      "! tee name=split "
       "split. ! queue ! videoconvert ! video/x-raw,format=NV12 ! toonflow name=toon "
       "! videoconvert ! textoverlay text=toonflow valignment=top halignment=right "
       "font-desc=\"Sans Bold 14\" ! sbs.sink_1 "
       "split. ! queue ! videoconvert ! textoverlay text=input valignment=top halignment=left "
       "font-desc=\"Sans Bold 14\" ! sbs.sink_0 "
-      "compositor name=sbs sink_1::xpos=%d ! video/x-raw,width=%d,height=%d "
+      "compositor name=sbs sink_1::xpos=%d "
+      "! video/x-raw,width=%d,height=%d,interlace-mode=progressive "
       "! tee name=out "
       "out. ! queue ! videoconvert ! video/x-raw,format=I420 "
       "! x264enc speed-preset=faster bitrate=4000 key-int-max=60 ! h264parse "

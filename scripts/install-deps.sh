@@ -19,6 +19,8 @@ PACKAGES=(
   frei0r-plugins
   # the local RTMP server of the relay test
   nginx libnginx-mod-rtmp
+  # pip installs NVIDIA's NVRTC wheel for the kernel compile test (scripts/common.sh)
+  python3-pip
 )
 
 missing=()

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # The test command of the README and of CI: formatting, lints, release build, every test
-# (unit, element, pipelines/, the RTMP relay through a local nginx, the meson-built C sample),
-# then the benchmark smoke test. Installs missing Debian packages first (sudo when not root).
+# (unit, element, pipelines/, the RTMP relay through a local nginx, the meson-built C sample,
+# the NVRTC compile of the CUDA kernels), then the benchmark smoke test. Installs missing Debian
+# packages first (sudo when not root) and NVIDIA's NVRTC wheel into target/nvrtc.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$ROOT"
 ensure_deps
+# NVRTC needs no GPU: with it the kernels compile here for every target GPU, and the compile
+# test fails instead of skipping when it is missing.
+ensure_nvrtc
+export TOONFLOW_REQUIRE_NVRTC=1
 
 start=$(date +%s)
 set -x
@@ -13,7 +18,9 @@ cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 cargo build --release
 cargo test --release
-# The GPU tests again with their output shown, so a machine without CUDA says why they skipped.
+# The kernel compile test and the GPU tests again with their output shown: which architectures
+# compiled, and why the GPU tests skipped on a machine without CUDA.
+cargo test --release --test nvrtc_compile -- --nocapture 2>&1 | grep -E "compiled|skipped|test result"
 cargo test --release --test cuda_parity --test cuda_report --test cuda_faults -- --nocapture 2>&1 \
   | grep -E "skipped|test result|parity|PSNR|timing"
 # Benchmark smoke test (the toonflow-bench binary; skipped while it does not exist yet).

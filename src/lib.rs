@@ -20,9 +20,14 @@ gst::plugin_define!(
     env!("CARGO_PKG_DESCRIPTION"),
     plugin_init,
     concat!(env!("CARGO_PKG_VERSION"), "-", env!("COMMIT_ID")),
+    // The crate is "MIT OR Apache-2.0" (LICENSE-MIT, LICENSE-APACHE). GStreamer accepts only a
+    // fixed list of license names (LGPL, GPL, QPL, GPL/QPL, MPL, BSD, MIT/X11, Proprietary,
+    // unknown) and has none for a dual license or Apache-2.0: "MIT/X11" names the MIT option.
     "MIT/X11",
     env!("CARGO_PKG_NAME"),
     env!("CARGO_PKG_NAME"),
-    env!("CARGO_PKG_REPOSITORY"),
+    // GStreamer refuses a plugin whose origin is empty, and the project has no public
+    // repository (Cargo.toml names none): GStreamer's own default for an unknown origin.
+    "Unknown package origin",
     env!("BUILD_REL_DATE")
 );

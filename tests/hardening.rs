@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use gst::glib;
 use gst::prelude::*;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 fn backend() -> String {
     std::env::var("TOONFLOW_TEST_BACKEND").unwrap_or_else(|_| "cpu".into())
@@ -22,6 +23,23 @@ fn element_harness(width: usize, height: usize) -> gst_check::Harness {
     h
 }
 
+/// RSS is per process and the tests run on parallel threads: the two that measure it hold this
+/// lock exclusively and every other test shares it, so nothing else allocates (the 8192x4320
+/// frame, eight instances) while RSS is sampled.
+static RSS_GUARD: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    RSS_GUARD
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    RSS_GUARD
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn rss_kib() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm
@@ -34,6 +52,7 @@ fn rss_kib() -> u64 {
 
 #[test]
 fn renegotiation_mid_stream_follows_the_size_and_resets_the_ring() {
+    let _rss_guard = shared();
     let sizes = if backend() == "cuda" {
         vec![(1920, 1080), (1280, 720), (3840, 2160), (1920, 1080)]
     } else {
@@ -62,6 +81,7 @@ fn renegotiation_mid_stream_follows_the_size_and_resets_the_ring() {
 
 #[test]
 fn flushes_gaps_and_eos_pass_and_keep_the_element_usable() {
+    let _rss_guard = shared();
     let frame = photo("chelsea.png", 96, 64);
     let mut h = element_harness(96, 64);
     for round in 0..20 {
@@ -83,6 +103,7 @@ fn flushes_gaps_and_eos_pass_and_keep_the_element_usable() {
 
 #[test]
 fn state_cycles_do_not_leak_or_hang() {
+    let _rss_guard = exclusive();
     init();
     let p = gst::parse::launch(&format!(
         "videotestsrc is-live=false ! video/x-raw,format=NV12,width=64,height=48 ! toonflow backend={} ! fakesink",
@@ -120,6 +141,7 @@ fn state_cycles_do_not_leak_or_hang() {
 
 #[test]
 fn strides_and_plane_offsets_from_video_meta_are_honoured() {
+    let _rss_guard = shared();
     let (w, hh) = (100, 60);
     let frame = photo("astronaut.png", w, hh);
     let reference = {
@@ -156,6 +178,7 @@ fn strides_and_plane_offsets_from_video_meta_are_honoured() {
 
 #[test]
 fn huge_frame_8192x4320_is_processed() {
+    let _rss_guard = shared();
     let (w, hh) = (8192, 4320);
     let mut frame = Nv12::new(w, hh);
     let mut rng = Rng(3);
@@ -177,6 +200,7 @@ fn huge_frame_8192x4320_is_processed() {
 
 #[test]
 fn fuzzed_properties_while_playing_never_break_the_stream() {
+    let _rss_guard = shared();
     init();
     let p = gst::parse::launch(&format!(
         "videotestsrc num-buffers=60 pattern=ball ! video/x-raw,format=NV12,width=64,height=48 ! \
@@ -243,6 +267,7 @@ fn fuzzed_properties_while_playing_never_break_the_stream() {
 
 #[test]
 fn random_caps_and_random_contents() {
+    let _rss_guard = shared();
     let mut rng = Rng(77);
     for _ in 0..25 {
         let w = 2 * (1 + (rng.next_u64() % 120) as usize);
@@ -261,6 +286,7 @@ fn random_caps_and_random_contents() {
 
 #[test]
 fn eight_instances_on_eight_threads_match_a_single_element() {
+    let _rss_guard = shared();
     let frames: Vec<Nv12> = (0..6)
         .map(|i| photo("chelsea.png", 128, 96).with_noise(3.0, i))
         .collect();
@@ -291,6 +317,7 @@ fn eight_instances_on_eight_threads_match_a_single_element() {
 
 #[test]
 fn soak_memory_and_frame_time_stay_flat() {
+    let _rss_guard = exclusive();
     let (frames, w, hh) = match backend().as_str() {
         "cuda" => (100_000usize, 1920, 1080),
         _ => (3_000usize, 64, 48),

@@ -1,17 +1,16 @@
 #!/bin/bash
-# Runs the GPU checks and the benchmark on the H200 machine from the bundle (.gpu/).
-#   here:   ../shared/gpu/bundle.sh && tools/h200.sh --pack      (adds frei0r to the bundle)
-#   there:  source .gpu/env.sh && tools/h200.sh <step...>        steps: parity report element bench soak
+# Runs the GPU checks and the benchmark on the GPU machine (H200) from the bundle (.gpu/).
+#   here:   tools/h200.sh --pack        builds .gpu/ (tools/gpu-bundle.sh: plugin, tests, bench,
+#                                       GStreamer runtime, frei0r's cartoon filter)
+#   there:  source .gpu/env.sh && tools/h200.sh <step...>
+#           steps: parity fast-parity report fast-report element faults soak bench stats
 # Writes logs under $OUT when set.
 set -uo pipefail
 if [ "${1:-}" = "--pack" ]; then
-    mkdir -p .gpu/frei0r
-    cp /usr/lib/x86_64-linux-gnu/gstreamer-1.0/libgstfrei0r.so .gpu/gst/plugins/
-    cp /usr/lib/frei0r-1/cartoon.so .gpu/frei0r/
-    cp tools/h200.sh .gpu/
-    exit 0
+    shift
+    exec "$(dirname "$0")/gpu-bundle.sh" "$@"
 fi
-export FREI0R_PATH=$PWD/.gpu/frei0r
+export FREI0R_PATH=${FREI0R_PATH:-$PWD/.gpu/frei0r}
 export CARGO_MANIFEST_DIR=$PWD
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader

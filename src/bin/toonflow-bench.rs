@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gst::prelude::*;
+use gsttoonflow::pipeline::stats::percentile_of_sorted;
 
 const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4k,320x240] \
 [--modes cpu,cuda-eager,cuda-graph,frei0r] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
@@ -199,14 +200,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 /// One measured run: `warmup` frames, then `frames` frames timed, through `filter`.
 fn run_once(
     filter: &str,
@@ -323,8 +316,8 @@ fn run_once(
         lat.sort_by(|a, b| a.total_cmp(b));
         let mut r = RunResult {
             fps: count as f64 / elapsed,
-            p50_us: percentile(&lat, 50.0),
-            p99_us: percentile(&lat, 99.0),
+            p50_us: percentile_of_sorted(&lat, 50.0),
+            p99_us: percentile_of_sorted(&lat, 99.0),
             ..Default::default()
         };
         if let Some(t) = &toon {
@@ -344,8 +337,23 @@ fn run_once(
     result
 }
 
+/// `s` as the inside of a JSON string: quote, backslash and every control character escaped.
 fn json_escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn main() {
@@ -505,5 +513,22 @@ fn main() {
     if rows.is_empty() {
         eprintln!("no configuration ran");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_escape;
+
+    #[test]
+    fn json_strings_escape_quotes_backslashes_and_control_characters() {
+        assert_eq!(json_escape("NVIDIA H200"), "NVIDIA H200");
+        assert_eq!(json_escape(r#"a "b" \ c"#), r#"a \"b\" \\ c"#);
+        assert_eq!(json_escape("l1\nl2\r\t"), r"l1\nl2\r\t");
+        assert_eq!(
+            json_escape("\u{0}\u{1b}[0m\u{7f}"),
+            r"\u0000\u001b[0m\u007f"
+        );
+        assert_eq!(json_escape("é ✓"), "é ✓");
     }
 }

@@ -75,6 +75,20 @@ pub fn thumbnail_means(
     height: usize,
 ) -> Vec<f32> {
     let mut out = Vec::with_capacity(tw * th);
+    thumbnail_means_into(sums, tw, th, width, height, &mut out);
+    out
+}
+
+/// [`thumbnail_means`] into `out` (cleared first; no allocation once it has the capacity).
+pub fn thumbnail_means_into(
+    sums: &[u32],
+    tw: usize,
+    th: usize,
+    width: usize,
+    height: usize,
+    out: &mut Vec<f32>,
+) {
+    out.clear();
     for by in 0..th {
         let rows = block_start(by + 1, th, height) - block_start(by, th, height);
         for bx in 0..tw {
@@ -83,7 +97,6 @@ pub fn thumbnail_means(
             out.push(100.0 * sums[by * THUMB_W + bx] as f32 / (255.0 * count));
         }
     }
-    out
 }
 
 /// Black/white points of a luma histogram in L units, `None` for a flat frame.
@@ -120,29 +133,61 @@ pub fn apply_levels(l: f32, black: f32, white: f32) -> f32 {
 /// Scene-cut score: mean absolute change of the thumbnail against the previous frame.
 #[derive(Debug, Default)]
 pub struct SceneCutDetector {
-    previous: Option<Vec<f32>>,
+    previous: Vec<f32>,
+    current: Vec<f32>,
+    has_previous: bool,
 }
 
 impl SceneCutDetector {
+    /// A detector whose buffers already hold `blocks` thumbnail blocks (no allocation later).
+    pub fn with_capacity(blocks: usize) -> Self {
+        SceneCutDetector {
+            previous: Vec::with_capacity(blocks),
+            current: Vec::with_capacity(blocks),
+            has_previous: false,
+        }
+    }
+
     /// Feeds a frame's thumbnail; returns its score (0 for the first frame after a reset).
     pub fn score(&mut self, thumbnail: Vec<f32>) -> f32 {
-        let score = match &self.previous {
-            Some(prev) if prev.len() == thumbnail.len() && !prev.is_empty() => {
-                let sum: f32 = prev
-                    .iter()
-                    .zip(&thumbnail)
-                    .map(|(a, b)| (a - b).abs())
-                    .sum();
-                sum / thumbnail.len() as f32
-            }
-            _ => 0.0,
+        self.current = thumbnail;
+        self.score_current()
+    }
+
+    /// [`score`](Self::score) of the thumbnail of `statistics`, computed into buffers the
+    /// detector keeps: no allocation after the first frame.
+    pub fn score_statistics(
+        &mut self,
+        statistics: &FrameStatistics,
+        width: usize,
+        height: usize,
+    ) -> f32 {
+        thumbnail_means_into(
+            &statistics.thumb_sums,
+            statistics.thumb_w,
+            statistics.thumb_h,
+            width,
+            height,
+            &mut self.current,
+        );
+        self.score_current()
+    }
+
+    fn score_current(&mut self) -> f32 {
+        let (prev, cur) = (&self.previous, &self.current);
+        let score = if self.has_previous && prev.len() == cur.len() && !cur.is_empty() {
+            let sum: f32 = prev.iter().zip(cur).map(|(a, b)| (a - b).abs()).sum();
+            sum / cur.len() as f32
+        } else {
+            0.0
         };
-        self.previous = Some(thumbnail);
+        std::mem::swap(&mut self.previous, &mut self.current);
+        self.has_previous = true;
         score
     }
 
     pub fn reset(&mut self) {
-        self.previous = None;
+        self.has_previous = false;
     }
 }
 
@@ -183,6 +228,27 @@ mod tests {
         assert!(cut > 50.0, "score {cut}");
         d.reset();
         assert_eq!(d.score(s.thumbnail(w, h)), 0.0);
+    }
+
+    #[test]
+    fn scoring_statistics_in_place_matches_scoring_thumbnails() {
+        let (w, h) = (130, 74);
+        let frames: Vec<Vec<u8>> = (0..4u8)
+            .map(|k| plane(w, h, |x, y| (x * 3 + y * (k as usize + 1)) as u8 ^ (k * 40)))
+            .collect();
+        let mut s = FrameStatistics::new(64, 36);
+        let (mut by_vec, mut in_place) = (SceneCutDetector::default(), SceneCutDetector::default());
+        for (i, f) in frames.iter().enumerate() {
+            if i == 2 {
+                by_vec.reset();
+                in_place.reset();
+            }
+            s.gather(f, w, w, h);
+            let a = by_vec.score(s.thumbnail(w, h));
+            let b = in_place.score_statistics(&s, w, h);
+            assert_eq!(a.to_bits(), b.to_bits(), "frame {i}");
+            assert_eq!(a == 0.0, i == 0 || i == 2, "frame {i}: {a}");
+        }
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! The CPU reference: every stage of the stylize pipeline in plain f32 Rust.
 //!
 //! This is the oracle the CUDA kernels are tested against, so each stage is written as the
-//! formula reads (DESIGN.md, with the quantizer tuned as noted on [`quantize`]) and evaluates its
-//! terms in the order the kernels do. Rows are split over threads; nothing allocates per frame.
+//! formula reads (docs/pipeline.md, which gives every formula and the defaults) and evaluates
+//! its terms in the order the kernels do. Rows are split into bands over a pool of worker
+//! threads made with the pipeline ([`BandPool`]); after [`CpuPipeline::new`], processing a frame
+//! allocates nothing and starts no thread.
 
 use super::analysis::{FrameStatistics, SceneCutDetector, apply_levels};
+use super::band_pool::BandPool;
 use super::frame::{FrameGeometry, Nv12Frame, Nv12FrameMut};
 use super::params::ToonParams;
 use super::ring::TemporalRing;
@@ -23,8 +26,8 @@ pub fn chroma_to_c(c: u8) -> f32 {
 
 /// Soft quantization (Winnemöller et al. 2006): `q` is the bin boundary nearest to `l`, and
 /// `q + (Δq/2)·tanh(φ_q·(l − q))` sends flat areas to the `levels` bin centres with a smooth
-/// step between them. (DESIGN.md's variant puts `q` at the bin centre, which makes `levels + 1`
-/// plateaus at the boundaries; the paper's form gives exactly `levels`.)
+/// step between them. (Putting `q` at the bin centre instead would make `levels + 1` plateaus at
+/// the boundaries; the paper's form gives exactly `levels`, see docs/pipeline.md.)
 #[inline]
 pub fn quantize(l: f32, levels: i32, sharpness: f32) -> f32 {
     let dq = 100.0 / levels as f32;
@@ -79,38 +82,11 @@ pub struct FrameReport {
     pub history_used: usize,
 }
 
-/// Runs `f(first_row, rows, chunk)` over bands of rows of `data` (rows of `stride` elements) on
-/// up to `threads` threads.
-fn for_row_bands<T: Send>(
-    data: &mut [T],
-    stride: usize,
-    rows: usize,
-    threads: usize,
-    f: impl Fn(usize, usize, &mut [T]) + Sync,
-) {
-    let per = rows.div_ceil(threads.max(1)).max(1);
-    if threads <= 1 || rows < 32 {
-        f(0, rows, data);
-        return;
-    }
-    std::thread::scope(|s| {
-        for (i, chunk) in data.chunks_mut(per * stride).enumerate() {
-            let first = i * per;
-            if first >= rows {
-                break;
-            }
-            let n = per.min(rows - first);
-            let f = &f;
-            s.spawn(move || f(first, n, chunk));
-        }
-    });
-}
-
 /// The CPU backend's per-stream state: working planes, the temporal ring, the scene detector.
 #[derive(Debug)]
 pub struct CpuPipeline {
     geometry: FrameGeometry,
-    threads: usize,
+    pool: BandPool,
     l: Vec<f32>,
     uv: Vec<f32>,
     tmp_l: Vec<f32>,
@@ -138,7 +114,7 @@ impl CpuPipeline {
         );
         CpuPipeline {
             geometry,
-            threads,
+            pool: BandPool::new(threads),
             l: vec![0.0; n],
             uv: vec![0.0; nc],
             tmp_l: vec![0.0; n],
@@ -151,7 +127,7 @@ impl CpuPipeline {
                 uv: vec![0.0; nc],
             }),
             statistics: FrameStatistics::new(p.thumb_w as usize, p.thumb_h as usize),
-            detector: SceneCutDetector::default(),
+            detector: SceneCutDetector::with_capacity((p.thumb_w * p.thumb_h) as usize),
         }
     }
 
@@ -163,9 +139,16 @@ impl CpuPipeline {
         self.ring.cursor().capacity()
     }
 
-    /// Limits the worker threads (1 = run on the calling thread).
+    /// Sets the number of threads a frame runs on (1 = the calling thread alone); replaces the
+    /// worker pool, so call it at setup, not per frame.
     pub fn set_threads(&mut self, threads: usize) {
-        self.threads = threads.max(1);
+        if threads.max(1) != self.pool.threads() {
+            self.pool = BandPool::new(threads);
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
     }
 
     /// Empties the temporal ring and forgets the previous thumbnail (flush, discont, caps).
@@ -191,10 +174,10 @@ impl CpuPipeline {
         );
         let (w, h) = (self.geometry.width, self.geometry.height);
         let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let threads = self.threads;
+        let pool = &self.pool;
 
         // 1. Unpack and analysis.
-        for_row_bands(&mut self.l, w, h, threads, |first, rows, out| {
+        pool.for_row_bands(&mut self.l, w, h, |first, rows, out| {
             for r in 0..rows {
                 let src = &input.y[(first + r) * input.y_stride..][..w];
                 for (o, &v) in out[r * w..][..w].iter_mut().zip(src) {
@@ -202,7 +185,7 @@ impl CpuPipeline {
                 }
             }
         });
-        for_row_bands(&mut self.uv, 2 * cw, ch, threads, |first, rows, out| {
+        pool.for_row_bands(&mut self.uv, 2 * cw, ch, |first, rows, out| {
             for r in 0..rows {
                 let src = &input.uv[(first + r) * input.uv_stride..][..2 * cw];
                 for (o, &v) in out[r * 2 * cw..][..2 * cw].iter_mut().zip(src) {
@@ -211,7 +194,7 @@ impl CpuPipeline {
             }
         });
         self.statistics.gather(input.y, input.y_stride, w, h);
-        let scene_score = self.detector.score(self.statistics.thumbnail(w, h));
+        let scene_score = self.detector.score_statistics(&self.statistics, w, h);
         let scene_cut = scene_score > p.scene_cut_threshold;
 
         // 2. Edge-preserving smoothing up to the edge iteration: these are the frame's features.
@@ -260,11 +243,11 @@ impl CpuPipeline {
     fn bilateral_iteration(&mut self, p: &ToonParams) {
         let (w, h) = (self.geometry.width, self.geometry.height);
         let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let t = self.threads;
+        let pool = &self.pool;
         let (lr, cr) = (p.luma_radius as isize, p.chroma_radius as isize);
         // x passes: plane -> tmp
         let src = &self.l;
-        for_row_bands(&mut self.tmp_l, w, h, t, |first, rows, out| {
+        pool.for_row_bands(&mut self.tmp_l, w, h, |first, rows, out| {
             for r in 0..rows {
                 let row = &src[(first + r) * w..][..w];
                 for (x, o) in out[r * w..][..w].iter_mut().enumerate() {
@@ -273,7 +256,7 @@ impl CpuPipeline {
             }
         });
         let src = &self.uv;
-        for_row_bands(&mut self.tmp_uv, 2 * cw, ch, t, |first, rows, out| {
+        pool.for_row_bands(&mut self.tmp_uv, 2 * cw, ch, |first, rows, out| {
             for r in 0..rows {
                 let row = &src[(first + r) * 2 * cw..][..2 * cw];
                 for x in 0..cw {
@@ -289,7 +272,7 @@ impl CpuPipeline {
         });
         // y passes: tmp -> plane
         let src = &self.tmp_l;
-        for_row_bands(&mut self.l, w, h, t, |first, rows, out| {
+        pool.for_row_bands(&mut self.l, w, h, |first, rows, out| {
             for r in 0..rows {
                 let y = first + r;
                 for (x, o) in out[r * w..][..w].iter_mut().enumerate() {
@@ -299,7 +282,7 @@ impl CpuPipeline {
             }
         });
         let src = &self.tmp_uv;
-        for_row_bands(&mut self.uv, 2 * cw, ch, t, |first, rows, out| {
+        pool.for_row_bands(&mut self.uv, 2 * cw, ch, |first, rows, out| {
             for r in 0..rows {
                 let y = first + r;
                 for x in 0..cw {
@@ -318,37 +301,22 @@ impl CpuPipeline {
     /// DoG edges of the current luma plane into `self.edge` (the blended factor E').
     fn edges(&mut self, p: &ToonParams) {
         let (w, h) = (self.geometry.width, self.geometry.height);
-        let t = self.threads;
+        let pool = &self.pool;
         let er = p.edge_radius as isize;
         let src = &self.l;
         // x pass of both Gaussians; dog1 and dog2 are written together through one band split.
-        let mut pair: Vec<(&mut [f32], &mut [f32])> = Vec::new();
-        let per = h.div_ceil(t.max(1)).max(1);
-        for (a, b) in self
-            .dog1
-            .chunks_mut(per * w)
-            .zip(self.dog2.chunks_mut(per * w))
-        {
-            pair.push((a, b));
-        }
-        std::thread::scope(|s| {
-            for (i, (a, b)) in pair.into_iter().enumerate() {
-                s.spawn(move || {
-                    let first = i * per;
-                    for r in 0..a.len() / w {
-                        let row = &src[(first + r) * w..][..w];
-                        for x in 0..w {
-                            let (g1, g2) =
-                                gauss_pair(p, er, |j| row[clamp_index(x as isize + j, w)]);
-                            a[r * w + x] = g1;
-                            b[r * w + x] = g2;
-                        }
-                    }
-                });
+        pool.for_row_bands2(&mut self.dog1, &mut self.dog2, w, h, |first, rows, a, b| {
+            for r in 0..rows {
+                let row = &src[(first + r) * w..][..w];
+                for x in 0..w {
+                    let (g1, g2) = gauss_pair(p, er, |j| row[clamp_index(x as isize + j, w)]);
+                    a[r * w + x] = g1;
+                    b[r * w + x] = g2;
+                }
             }
         });
         let (d1, d2) = (&self.dog1, &self.dog2);
-        for_row_bands(&mut self.edge, w, h, t, |first, rows, out| {
+        pool.for_row_bands(&mut self.edge, w, h, |first, rows, out| {
             for r in 0..rows {
                 let y = first + r;
                 for (x, o) in out[r * w..][..w].iter_mut().enumerate() {
@@ -364,24 +332,26 @@ impl CpuPipeline {
     fn temporal(&mut self, p: &ToonParams, used: usize) {
         let (w, h) = (self.geometry.width, self.geometry.height);
         let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let t = self.threads;
-        let recent: Vec<&Feature> = (1..=used).filter_map(|k| self.ring.recent(k)).collect();
+        let pool = &self.pool;
+        // The `used` most recent ring entries, newest first, looked up per pixel (no list is
+        // built, so nothing allocates).
+        let ring = &self.ring;
+        let recent = move || (1..=used).filter_map(move |k| ring.recent(k));
         let cur = &self.l;
-        let recent_ref = &recent;
-        for_row_bands(&mut self.tmp_l, w, h, t, |first, rows, out| {
+        pool.for_row_bands(&mut self.tmp_l, w, h, |first, rows, out| {
             for (i, o) in out[..rows * w].iter_mut().enumerate() {
                 let idx = first * w + i;
-                *o = temporal_luma(p, cur[idx], recent_ref.iter().map(|f| f.l[idx]));
+                *o = temporal_luma(p, cur[idx], recent().map(|f| f.l[idx]));
             }
         });
         let cur = &self.uv;
-        for_row_bands(&mut self.tmp_uv, 2 * cw, ch, t, |first, rows, out| {
+        pool.for_row_bands(&mut self.tmp_uv, 2 * cw, ch, |first, rows, out| {
             for i in 0..rows * cw {
                 let idx = 2 * (first * cw + i);
                 let (u, v) = temporal_chroma(
                     p,
                     (cur[idx], cur[idx + 1]),
-                    recent_ref.iter().map(|f| (f.uv[idx], f.uv[idx + 1])),
+                    recent().map(|f| (f.uv[idx], f.uv[idx + 1])),
                 );
                 out[2 * i] = u;
                 out[2 * i + 1] = v;
@@ -393,10 +363,10 @@ impl CpuPipeline {
     fn compose(&mut self, p: &ToonParams, levels: Option<(f32, f32)>, output: &mut Nv12FrameMut) {
         let (w, h) = (self.geometry.width, self.geometry.height);
         let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let t = self.threads;
+        let pool = &self.pool;
         let (fl, edge) = (&self.l, &self.edge);
         let y_stride = output.y_stride;
-        for_row_bands(output.y, y_stride, h, t, |first, rows, out| {
+        pool.for_row_bands(output.y, y_stride, h, |first, rows, out| {
             for r in 0..rows {
                 for x in 0..w {
                     let idx = (first + r) * w + x;
@@ -411,7 +381,7 @@ impl CpuPipeline {
         });
         let fuv = &self.uv;
         let uv_stride = output.uv_stride;
-        for_row_bands(output.uv, uv_stride, ch, t, |first, rows, out| {
+        pool.for_row_bands(output.uv, uv_stride, ch, |first, rows, out| {
             for r in 0..rows {
                 let cy = first + r;
                 for cx in 0..cw {

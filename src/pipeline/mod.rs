@@ -2,6 +2,7 @@
 //! detector and the CPU reference. Nothing here depends on GStreamer or CUDA.
 
 pub mod analysis;
+pub mod band_pool;
 pub mod cpu;
 pub mod frame;
 pub mod params;

@@ -52,8 +52,7 @@ impl TimeWindow {
         self.scratch.extend_from_slice(&self.samples[..self.filled]);
         self.scratch.sort_by(|a, b| a.total_cmp(b));
         for (o, p) in out.iter_mut().zip(ps) {
-            let rank = ((p / 100.0) * self.filled as f64).ceil() as usize;
-            *o = self.scratch[rank.clamp(1, self.filled) - 1];
+            *o = percentile_of_sorted(&self.scratch, p);
         }
         out
     }
@@ -66,9 +65,30 @@ impl TimeWindow {
     }
 }
 
+/// Nearest-rank percentile `p` (0–100) of ascending `sorted` values; 0 when there are none.
+pub fn percentile_of_sorted(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles_of_a_sorted_slice() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(percentile_of_sorted(&v, 0.0), 1.0);
+        assert_eq!(percentile_of_sorted(&v, 25.0), 1.0);
+        assert_eq!(percentile_of_sorted(&v, 26.0), 2.0);
+        assert_eq!(percentile_of_sorted(&v, 50.0), 2.0);
+        assert_eq!(percentile_of_sorted(&v, 99.0), 4.0);
+        assert_eq!(percentile_of_sorted(&v, 100.0), 4.0);
+        assert_eq!(percentile_of_sorted(&[], 50.0), 0.0);
+    }
 
     #[test]
     fn percentiles_of_a_known_series() {

@@ -3,11 +3,17 @@
 use gst::glib;
 use gst::prelude::*;
 
+mod engine;
+mod frames;
 mod imp;
+mod lines;
+mod neural_cpu;
 mod pool;
+mod properties;
 mod settings;
+mod stats;
 
-pub use settings::{BackendChoice, PrecisionChoice};
+pub use settings::{BackendChoice, ModelRange, PrecisionChoice};
 
 glib::wrapper! {
     pub struct Toonflow(ObjectSubclass<imp::Toonflow>)
@@ -17,6 +23,7 @@ glib::wrapper! {
 pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     BackendChoice::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
     PrecisionChoice::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
+    ModelRange::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
     gst::Element::register(
         Some(plugin),
         "toonflow",

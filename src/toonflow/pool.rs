@@ -117,3 +117,43 @@ impl PinnedPool {
         Ok((pool, size))
     }
 }
+
+/// propose_allocation: offers upstream a pinned pool for the query's caps, so upstream that
+/// writes into these buffers saves the upload a staging copy. Returns the line to log at debug
+/// level (`Ok`) or as a warning (`Err`).
+pub fn offer_upstream(
+    query: &mut gst::query::Allocation,
+    device_id: usize,
+) -> Result<Option<String>, String> {
+    let (Some(caps), true) = query.get_owned() else {
+        return Ok(None);
+    };
+    let (pool, size) = PinnedPool::configured(device_id, &caps, 2, 0)
+        .map_err(|e| format!("no pinned pool for upstream: {e}"))?;
+    query.add_allocation_pool(Some(&pool), size, 2, 0);
+    Ok(Some(format!(
+        "offering upstream a pinned pool of {size}-byte buffers"
+    )))
+}
+
+/// decide_allocation: output buffers from a pinned pool, so downloads need no staging copy.
+/// Returns the line to log at debug level (`Ok`) or as a warning (`Err`).
+pub fn use_for_output(
+    query: &mut gst::query::Allocation,
+    device_id: usize,
+) -> Result<Option<String>, String> {
+    let (Some(caps), _) = query.get_owned() else {
+        return Ok(None);
+    };
+    let min = query.allocation_pools().next().map_or(2, |p| p.2.max(2));
+    let (pool, size) = PinnedPool::configured(device_id, &caps, min, 0)
+        .map_err(|e| format!("no pinned output pool, downloads go through pageable memory: {e}"))?;
+    if query.allocation_pools().len() == 0 {
+        query.add_allocation_pool(Some(&pool), size, min, 0);
+    } else {
+        query.set_nth_allocation_pool(0, Some(&pool), size, min, 0);
+    }
+    Ok(Some(format!(
+        "output buffers from a pinned pool ({size} bytes, min {min})"
+    )))
+}

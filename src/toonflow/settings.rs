@@ -2,6 +2,7 @@
 
 use gst::glib;
 
+use crate::neural::frame::ValueRange;
 use crate::pipeline::{Precision, StageParams};
 
 #[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
@@ -46,10 +47,65 @@ impl From<PrecisionChoice> for Precision {
     }
 }
 
+/// `model-range`: the value range of the network's RGB input and output.
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstToonflowModelRange")]
+pub enum ModelRange {
+    #[default]
+    #[enum_value(name = "-1..1 (AnimeGANv3: tanh output)", nick = "-1..1")]
+    MinusOneToOne = 0,
+    #[enum_value(name = "0..1", nick = "0..1")]
+    ZeroToOne = 1,
+    #[enum_value(name = "0..255", nick = "0..255")]
+    ZeroTo255 = 2,
+}
+
+impl From<ModelRange> for ValueRange {
+    fn from(r: ModelRange) -> ValueRange {
+        match r {
+            ModelRange::MinusOneToOne => ValueRange::MinusOneToOne,
+            ModelRange::ZeroToOne => ValueRange::ZeroToOne,
+            ModelRange::ZeroTo255 => ValueRange::ZeroTo255,
+        }
+    }
+}
+
 pub const DEFAULT_DEVICE_ID: u32 = 0;
 pub const DEFAULT_CUDA_GRAPH: bool = true;
 pub const DEFAULT_MAX_DEVICE_MEMORY: u64 = 0;
 pub const DEFAULT_STATS_INTERVAL: u32 = 0;
+pub const DEFAULT_MODEL_SCALE: f64 = 1.0;
+/// 0: the multiple the model's strides need.
+pub const DEFAULT_MODEL_SIZE_MULTIPLE: u32 = 0;
+/// 0: each frame's own normalization statistics, as the network was trained.
+pub const DEFAULT_MODEL_STAT_SMOOTHING: f64 = 0.0;
+pub const DEFAULT_MODEL_EDGES: bool = false;
+
+/// The neural stage's settings (`model` and `model-*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSettings {
+    /// Path to the ONNX file; empty = the classic pipeline.
+    pub path: String,
+    pub range: ModelRange,
+    pub scale: f64,
+    pub size_multiple: u32,
+    pub stat_smoothing: f64,
+    pub edges: bool,
+}
+
+impl Default for ModelSettings {
+    fn default() -> Self {
+        ModelSettings {
+            path: String::new(),
+            range: ModelRange::default(),
+            scale: DEFAULT_MODEL_SCALE,
+            size_multiple: DEFAULT_MODEL_SIZE_MULTIPLE,
+            stat_smoothing: DEFAULT_MODEL_STAT_SMOOTHING,
+            edges: DEFAULT_MODEL_EDGES,
+        }
+    }
+}
 
 /// Everything the user can set. Shape-changing values take effect at the next frame by
 /// rebuilding the backend's per-stream state; the others by updating the parameter block.
@@ -62,6 +118,7 @@ pub struct Settings {
     pub cuda_graph: bool,
     pub max_device_memory: u64,
     pub stats_interval: u32,
+    pub model: ModelSettings,
 }
 
 impl Default for Settings {
@@ -74,6 +131,7 @@ impl Default for Settings {
             cuda_graph: DEFAULT_CUDA_GRAPH,
             max_device_memory: DEFAULT_MAX_DEVICE_MEMORY,
             stats_interval: DEFAULT_STATS_INTERVAL,
+            model: ModelSettings::default(),
         }
     }
 }

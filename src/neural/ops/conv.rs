@@ -192,6 +192,21 @@ pub fn conv2d_into(
     let band_rows = (1..=target_rows).rev().find(|d| oh % d == 0).unwrap_or(1);
     let bands = oh / band_rows;
 
+    // With a column stride, each input row is split once into its `sw` column phases (phase
+    // p holds columns p, p + sw, ...), so every kernel tap reads a contiguous run again.
+    let phase_len = w.div_ceil(sw);
+    let row_len = if sw == 1 { w } else { sw * phase_len };
+    let mut phased = Vec::new();
+    if sw > 1 {
+        phased = vec![0.0f32; n * c * h * row_len];
+        par_chunks_mut(&mut phased, row_len, row_len, |y, dst| {
+            for (x, &v) in input[y * w..][..w].iter().enumerate() {
+                dst[(x % sw) * phase_len + x / sw] = v;
+            }
+        });
+    }
+    let rows_src: &[f32] = if sw == 1 { input } else { &phased };
+
     par_chunks_mut(
         out,
         band_rows * ow,
@@ -204,7 +219,7 @@ pub fn conv2d_into(
             band.fill(0.0);
             for icg in 0..cg {
                 let ic = g * cg + icg;
-                let in_plane = &input[(img * c + ic) * h * w..][..h * w];
+                let rows = &rows_src[(img * c + ic) * h * row_len..][..h * row_len];
                 let w_taps = &weight[(oc * cg + icg) * kh * kw..][..kh * kw];
                 for ky in 0..kh {
                     for r in 0..band_rows {
@@ -212,20 +227,14 @@ pub fn conv2d_into(
                         if iy < 0 || iy >= h as isize {
                             continue;
                         }
-                        let in_row = &in_plane[iy as usize * w..][..w];
+                        let in_row = &rows[iy as usize * row_len..][..row_len];
                         let out_row = &mut band[r * ow..][..ow];
                         for (kx, &(x0, x1, ix0)) in col_ranges.iter().enumerate() {
                             let wv = w_taps[ky * kw + kx];
-                            let dst = &mut out_row[x0..x1];
-                            if sw == 1 {
-                                let src = &in_row[ix0..ix0 + (x1 - x0)];
-                                for (o, &v) in dst.iter_mut().zip(src) {
-                                    *o += wv * v;
-                                }
-                            } else {
-                                for (j, o) in dst.iter_mut().enumerate() {
-                                    *o += wv * in_row[ix0 + j * sw];
-                                }
+                            let start = (ix0 % sw) * phase_len + ix0 / sw;
+                            let src = &in_row[start..start + (x1 - x0)];
+                            for (o, &v) in out_row[x0..x1].iter_mut().zip(src) {
+                                *o += wv * v;
                             }
                         }
                     }
@@ -520,7 +529,7 @@ pub(crate) fn run_conv_transpose(ctx: &Node) -> Result<Vec<Value>, NeuralError> 
         return Err(ctx.graph_err(format!("bad output_padding {out_pad:?}")));
     }
     let out_pad = lift(&out_pad, spatial, 0);
-    let extra = ConvTransposeExtra {
+    let mut extra = ConvTransposeExtra {
         output_padding: [out_pad[0] as usize, out_pad[1] as usize],
     };
     // An explicit output_shape (spatial, or with N and C in front) or SAME auto_pad decides
@@ -551,6 +560,8 @@ pub(crate) fn run_conv_transpose(ctx: &Node) -> Result<Vec<Value>, NeuralError> 
             (in_hw[1] * a.params.stride[1]) as i64,
         ]);
     }
+    // As onnxruntime does: a negative total (output_shape beyond the full output) pads
+    // nothing and extends the end like output_padding.
     if let Some(s) = out_shape {
         for ax in 0..2 {
             let full = a.params.stride[ax] * (in_hw[ax].max(1) - 1)
@@ -558,16 +569,13 @@ pub(crate) fn run_conv_transpose(ctx: &Node) -> Result<Vec<Value>, NeuralError> 
                 + (a.kernel[ax] - 1) * a.params.dilation[ax]
                 + 1;
             let total = full as i64 - s[ax];
-            if total < 0 {
-                return Err(ctx.unsupported(format!(
-                    "output_shape {s:?} larger than the full transposed convolution"
-                )));
-            }
-            let total = total as usize;
-            let (begin, end) = if a.auto_pad == "SAME_UPPER" {
-                (total / 2, total - total / 2)
+            let (begin, end) = if total < 0 {
+                extra.output_padding[ax] += (-total) as usize;
+                (0, 0)
+            } else if a.auto_pad == "SAME_UPPER" {
+                (total as usize / 2, total as usize - total as usize / 2)
             } else {
-                (total - total / 2, total / 2)
+                (total as usize - total as usize / 2, total as usize / 2)
             };
             a.params.pads[ax] = begin;
             a.params.pads[ax + 2] = end;
