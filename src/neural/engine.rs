@@ -473,11 +473,5 @@ impl Specialised {
 
 fn in_stage(e: NeuralError, model: &str, i: usize, kind: StageKind, name: &str) -> NeuralError {
     let add = |m: String| format!("{m} (model '{model}', stage {i} {} '{name}')", kind.label());
-    match e {
-        NeuralError::Io(m) => NeuralError::Io(add(m)),
-        NeuralError::Parse(m) => NeuralError::Parse(add(m)),
-        NeuralError::Graph(m) => NeuralError::Graph(add(m)),
-        NeuralError::Unsupported(m) => NeuralError::Unsupported(add(m)),
-        NeuralError::Model(m) => NeuralError::Model(add(m)),
-    }
+    e.with_context(add)
 }

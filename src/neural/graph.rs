@@ -176,13 +176,7 @@ impl Graph {
 
 fn in_model(e: NeuralError, model: &str) -> NeuralError {
     let add = |m: String| format!("{m} (model '{model}')");
-    match e {
-        NeuralError::Io(m) => NeuralError::Io(add(m)),
-        NeuralError::Parse(m) => NeuralError::Parse(add(m)),
-        NeuralError::Graph(m) => NeuralError::Graph(add(m)),
-        NeuralError::Unsupported(m) => NeuralError::Unsupported(add(m)),
-        NeuralError::Model(m) => NeuralError::Model(add(m)),
-    }
+    e.with_context(add)
 }
 
 /// Kahn's algorithm, stable (nodes already in order stay in order). A node input that nothing

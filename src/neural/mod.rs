@@ -44,4 +44,18 @@ impl std::fmt::Display for NeuralError {
     }
 }
 
+impl NeuralError {
+    /// The same error with its message rewritten by `add` (to name the model, node or stage
+    /// it came from).
+    pub fn with_context(self, add: impl FnOnce(String) -> String) -> NeuralError {
+        match self {
+            NeuralError::Io(m) => NeuralError::Io(add(m)),
+            NeuralError::Parse(m) => NeuralError::Parse(add(m)),
+            NeuralError::Graph(m) => NeuralError::Graph(add(m)),
+            NeuralError::Unsupported(m) => NeuralError::Unsupported(add(m)),
+            NeuralError::Model(m) => NeuralError::Model(add(m)),
+        }
+    }
+}
+
 impl std::error::Error for NeuralError {}

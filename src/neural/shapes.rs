@@ -13,22 +13,9 @@ use super::ops::conv::{Conv2dParams, conv2d_output_size};
 use super::ops::elementwise::broadcast_shape;
 use super::tensor::{Tensor, Value};
 
-/// Unary operators whose output has the input's shape.
-pub const SAME_SHAPE_OPS: &[&str] = &[
-    "Relu",
-    "LeakyRelu",
-    "Sigmoid",
-    "Tanh",
-    "Sqrt",
-    "Reciprocal",
-    "Neg",
-    "Abs",
-    "Exp",
-    "Log",
-    "Floor",
-    "Ceil",
-    "Clip",
-    "Identity",
+/// Operators besides the elementwise unary ones (`lower::UNARY_OPS`) whose output has the
+/// input's shape.
+const OTHER_SAME_SHAPE_OPS: &[&str] = &[
     "Cast",
     "Softmax",
     "InstanceNormalization",
@@ -154,13 +141,7 @@ fn name_error(e: NeuralError, node: &NodeProto, model: &str) -> NeuralError {
             )
         }
     };
-    match e {
-        NeuralError::Io(m) => NeuralError::Io(add(m)),
-        NeuralError::Parse(m) => NeuralError::Parse(add(m)),
-        NeuralError::Graph(m) => NeuralError::Graph(add(m)),
-        NeuralError::Unsupported(m) => NeuralError::Unsupported(add(m)),
-        NeuralError::Model(m) => NeuralError::Model(add(m)),
-    }
+    e.with_context(add)
 }
 
 fn ints(v: Option<&Value>) -> Option<Vec<i64>> {
@@ -203,7 +184,7 @@ fn infer_node(node: &NodeProto, s: &Shaped, opset: i64) -> Result<Vec<Vec<usize>
     let op = node.op_type.as_str();
     let one = |sh: Vec<usize>| Ok(vec![sh]);
 
-    if SAME_SHAPE_OPS.contains(&op) {
+    if super::lower::UNARY_OPS.contains(&op) || OTHER_SAME_SHAPE_OPS.contains(&op) {
         return one(shape(0)?.to_vec());
     }
     if BROADCAST_OPS.contains(&op) {
