@@ -298,3 +298,195 @@ fn noise_is_smoothed() {
         "noise {input_noise:.2} in, {output_noise:.2} out"
     );
 }
+
+/// The element's `stats` structure.
+fn stats_of(el: &gst::Element) -> gst::Structure {
+    el.property::<gst::Structure>("stats")
+}
+
+/// The QoS messages on `bus` posted by `src`, as (processed, dropped) buffer counts.
+fn qos_messages(bus: &gst::Bus, src: &gst::Element) -> Vec<(u64, u64)> {
+    std::iter::from_fn(|| bus.pop_filtered(&[gst::MessageType::Qos]))
+        .filter(|m| m.src() == Some(src.upcast_ref()))
+        .map(|m| match m.view() {
+            gst::MessageView::Qos(q) => {
+                let (processed, dropped) = q.stats();
+                let as_u64 = |v: gst::GenericFormattedValue| match v {
+                    gst::GenericFormattedValue::Buffers(Some(n)) => *n,
+                    other => panic!("QoS stats in {other:?}, not buffers"),
+                };
+                (as_u64(processed), as_u64(dropped))
+            }
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+#[test]
+fn frames_the_sink_reports_late_are_dropped_counted_and_announced() {
+    // A QoS event from downstream says the frame at running time 0 was 450 ms late: base
+    // transform skips every frame up to running time 450 ms before it is processed.
+    let (w, h) = (32, 24);
+    let mut harness = harness(w, h, &[]);
+    let el = harness.element().unwrap();
+    let bus = gst::Bus::new();
+    el.set_bus(Some(&bus));
+    let frame = Nv12 {
+        width: w,
+        height: h,
+        data: vec![100; w * h * 3 / 2],
+    };
+    let frame_ms = 100u64;
+    let push = |harness: &mut gst_check::Harness, i: u64| {
+        let mut buffer = frame.to_buffer();
+        let b = buffer.get_mut().unwrap();
+        b.set_pts(gst::ClockTime::from_mseconds(i * frame_ms));
+        b.set_duration(gst::ClockTime::from_mseconds(frame_ms));
+        harness.push(buffer)
+    };
+    // one frame before any QoS: processed
+    assert_eq!(push(&mut harness, 0), Ok(gst::FlowSuccess::Ok));
+    assert!(harness.push_upstream_event(gst::event::Qos::new(
+        gst::QOSType::Underflow,
+        0.5,
+        gst::ClockTime::from_mseconds(450).nseconds() as i64,
+        gst::ClockTime::ZERO,
+    )));
+    for i in 1..10 {
+        assert_eq!(push(&mut harness, i), Ok(gst::FlowSuccess::Ok), "frame {i}");
+    }
+    // frames at 100..=400 ms are late (4), 500..=900 ms on time (5), plus the first one
+    let mut out_pts = Vec::new();
+    while let Some(b) = harness.try_pull() {
+        out_pts.push(b.pts().unwrap().mseconds());
+    }
+    assert_eq!(out_pts, [0, 500, 600, 700, 800, 900]);
+    let stats = stats_of(&el);
+    assert_eq!(stats.get::<u64>("frames").unwrap(), 6);
+    assert_eq!(stats.get::<u64>("dropped").unwrap(), 4);
+    let messages = qos_messages(&bus, &el);
+    assert_eq!(messages.len(), 4, "one QoS message per dropped frame");
+    assert_eq!(
+        messages.iter().map(|m| m.1).collect::<Vec<_>>(),
+        [1, 2, 3, 4],
+        "the QoS messages count the drops"
+    );
+    el.set_bus(None);
+}
+
+/// Runs `N` frames of a live test source through toonflow into a clock-synced sink that sends
+/// QoS events; returns (stats, QoS messages of toonflow) after EOS.
+fn live_run(
+    width: u32,
+    height: u32,
+    fps: i32,
+    frames: u32,
+    latency: Option<gst::ClockTime>,
+) -> (gst::Structure, Vec<(u64, u64)>) {
+    init();
+    let pipeline = gst::parse::launch(&format!(
+        "videotestsrc is-live=true pattern=ball num-buffers={frames} \
+         ! video/x-raw,format=NV12,width={width},height={height},framerate={fps}/1 \
+         ! toonflow name=toon backend=cpu ! fakesink sync=true qos=true"
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    if let Some(latency) = latency {
+        pipeline.set_latency(latency);
+    }
+    let toon = pipeline.by_name("toon").unwrap();
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let mut qos = Vec::new();
+    loop {
+        let msg = bus
+            .timed_pop(gst::ClockTime::from_seconds(120))
+            .expect("no EOS within 120 s");
+        match msg.view() {
+            gst::MessageView::Eos(_) => break,
+            gst::MessageView::Error(e) => panic!("{}: {:?}", e.error(), e.debug()),
+            gst::MessageView::Qos(q) if msg.src() == Some(toon.upcast_ref()) => {
+                let (processed, dropped) = q.stats();
+                if let (
+                    gst::GenericFormattedValue::Buffers(Some(p)),
+                    gst::GenericFormattedValue::Buffers(Some(d)),
+                ) = (processed, dropped)
+                {
+                    qos.push((*p, *d));
+                }
+            }
+            _ => {}
+        }
+    }
+    let stats = stats_of(&toon);
+    pipeline.set_state(gst::State::Null).unwrap();
+    (stats, qos)
+}
+
+#[test]
+fn too_slow_live_pipeline_drops_late_frames_and_counts_them() {
+    // 720p at 120 fps: no CPU path processes a frame in 8 ms on this kind of machine, so frames
+    // reach the sink late, and the sink's QoS events make toonflow skip the frames already late.
+    let sent = 60;
+    let (stats, qos) = live_run(1280, 720, 120, sent, None);
+    let frames = stats.get::<u64>("frames").unwrap();
+    let dropped = stats.get::<u64>("dropped").unwrap();
+    println!("720p at 120 fps: {frames} processed, {dropped} dropped of {sent}");
+    assert!(dropped > 0, "a too slow pipeline dropped nothing");
+    assert!(frames > 0, "nothing processed");
+    assert_eq!(
+        frames + dropped,
+        sent as u64,
+        "every frame processed or dropped"
+    );
+    assert_eq!(
+        qos.len() as u64,
+        dropped,
+        "one QoS message per dropped frame"
+    );
+    assert_eq!(qos.last().unwrap().1, dropped);
+}
+
+#[test]
+fn fast_live_pipeline_drops_nothing() {
+    // 64x48 at 30 fps takes well under a millisecond a frame; 300 ms of latency leaves room
+    // for a loaded machine's scheduling hiccups.
+    let sent = 30;
+    let (stats, qos) = live_run(64, 48, 30, sent, Some(gst::ClockTime::from_mseconds(300)));
+    assert_eq!(stats.get::<u64>("dropped").unwrap(), 0);
+    assert_eq!(stats.get::<u64>("frames").unwrap(), sent as u64);
+    assert!(qos.is_empty(), "QoS messages from a fast pipeline: {qos:?}");
+}
+
+#[test]
+fn a_new_segment_or_stream_drops_the_temporal_history() {
+    let frame = photo("chelsea.png", 64, 48);
+    let mut h = harness(64, 48, &[]);
+    let el = h.element().unwrap();
+    let history = |h: &mut gst_check::Harness, frame: &Nv12| {
+        push_frame(h, frame);
+        stats_of(&h.element().unwrap())
+            .get::<u32>("history-used")
+            .unwrap()
+    };
+    for _ in 0..3 {
+        history(&mut h, &frame);
+    }
+    assert!(history(&mut h, &frame) > 0, "history builds up");
+    assert!(
+        h.push_event(gst::event::Segment::new(&gst::FormattedSegment::<
+            gst::ClockTime,
+        >::new()))
+    );
+    assert_eq!(history(&mut h, &frame), 0, "after a new segment");
+    assert!(history(&mut h, &frame) > 0);
+    assert!(h.push_event(gst::event::StreamStart::new("second")));
+    assert!(
+        h.push_event(gst::event::Segment::new(&gst::FormattedSegment::<
+            gst::ClockTime,
+        >::new()))
+    );
+    assert_eq!(history(&mut h, &frame), 0, "after a new stream");
+    drop(el);
+}

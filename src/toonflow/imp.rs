@@ -101,6 +101,15 @@ impl ObjectSubclass for Toonflow {
 }
 
 impl ObjectImpl for Toonflow {
+    fn constructed(&self) {
+        self.parent_constructed();
+        // Late frames are skipped before they are processed, as video filters do: base
+        // transform compares each buffer's running time with the sink's QoS events, drops
+        // the late ones and posts the standard QoS message for each (its `qos` property can
+        // turn this off).
+        gst_base::prelude::BaseTransformExt::set_qos(&*self.obj(), true);
+    }
+
     fn properties() -> &'static [glib::ParamSpec] {
         properties::specs()
     }
@@ -214,13 +223,34 @@ impl BaseTransformImpl for Toonflow {
     }
 
     fn sink_event(&self, event: gst::Event) -> bool {
-        if let gst::EventView::FlushStop(_) = event.view()
+        // A flush, a new stream or a new segment (a seek, a source that restarted) breaks the
+        // sequence of frames the temporal history was built from.
+        let reason = match event.view() {
+            gst::EventView::FlushStop(_) => Some("flush"),
+            gst::EventView::StreamStart(_) => Some("stream start"),
+            gst::EventView::Segment(_) => Some("new segment"),
+            _ => None,
+        };
+        if let Some(reason) = reason
             && let Some(state) = self.state.lock().as_mut()
         {
-            gst::debug!(CAT, imp = self, "flush: temporal history dropped");
+            gst::debug!(CAT, imp = self, "{reason}: temporal history dropped");
             state.engine.reset();
         }
         self.parent_sink_event(event)
+    }
+
+    fn submit_input_buffer(
+        &self,
+        is_discont: bool,
+        inbuf: gst::Buffer,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let result = self.parent_submit_input_buffer(is_discont, inbuf);
+        // The parent answers DROPPED only for a buffer it skipped as late (QoS).
+        if result == Ok(gst_base::BASE_TRANSFORM_FLOW_DROPPED) {
+            self.stats.lock().record_dropped();
+        }
+        result
     }
 
     fn transform(

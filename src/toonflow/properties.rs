@@ -160,7 +160,7 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
 fn stats_spec() -> glib::ParamSpec {
     glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
         .nick("Statistics")
-        .blurb("Running statistics: backend, frames, scene-cuts, mean-us/p50-us/p99-us per frame; on CUDA gpu-time-us, transfer-time-us, launches, graph-replayed, arena-bytes, peak-live-bytes, device-free-bytes; with a model its name, stages per frame, network-width/network-height it runs at, arena-bytes and peak-live-bytes of its activation plan")
+        .blurb("Running statistics: backend, frames, dropped (late frames skipped for QoS), scene-cuts, mean-us/p50-us/p99-us per frame; on CUDA gpu-time-us, transfer-time-us, launches, graph-replayed, arena-bytes, peak-live-bytes, device-free-bytes; with a model its name, stages per frame, network-width/network-height it runs at, arena-bytes and peak-live-bytes of its activation plan")
         .read_only()
         .build()
 }

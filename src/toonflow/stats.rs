@@ -14,6 +14,8 @@ const TIME_WINDOW: usize = 1024;
 pub struct Stats {
     backend: &'static str,
     frames: u64,
+    /// Frames skipped as late (QoS) before they were processed.
+    dropped: u64,
     scene_cuts: u64,
     last_scene_score: f32,
     history_used: usize,
@@ -37,6 +39,7 @@ impl Stats {
         Stats {
             backend,
             frames: 0,
+            dropped: 0,
             scene_cuts: 0,
             last_scene_score: 0.0,
             history_used: 0,
@@ -85,12 +88,18 @@ impl Stats {
         interval > 0 && self.frames.is_multiple_of(interval as u64)
     }
 
+    /// Counts one frame skipped as late (QoS).
+    pub fn record_dropped(&mut self) {
+        self.dropped += 1;
+    }
+
     /// The `toonflow-stats` structure (the property's value and the message's body).
     pub fn snapshot(&mut self) -> gst::Structure {
         let [p50, p99] = self.times.percentiles([50.0, 99.0]);
         gst::Structure::builder("toonflow-stats")
             .field("backend", self.backend)
             .field("frames", self.frames)
+            .field("dropped", self.dropped)
             .field("scene-cuts", self.scene_cuts)
             .field("last-scene-score", self.last_scene_score as f64)
             .field("history-used", self.history_used as u32)
@@ -185,6 +194,25 @@ mod tests {
         assert_eq!(snap.get::<f64>("mean-us").unwrap(), 102.5);
         assert_eq!(snap.get::<f64>("p99-us").unwrap(), 105.0);
         assert_eq!(snap.get::<u64>("arena-bytes").unwrap(), 0);
+        assert_eq!(snap.get::<u64>("dropped").unwrap(), 0);
+    }
+
+    #[test]
+    fn dropped_frames_are_counted_apart_from_processed_ones() {
+        gst::init().unwrap();
+        let mut s = Stats::new("cpu");
+        let g = FrameGeometry {
+            width: 2,
+            height: 2,
+        };
+        s.record(&outcome(false, None), 1.0, g, 0);
+        s.record_dropped();
+        s.record_dropped();
+        let snap = s.snapshot();
+        assert_eq!(snap.get::<u64>("frames").unwrap(), 1);
+        assert_eq!(snap.get::<u64>("dropped").unwrap(), 2);
+        // and a message is still due by processed frames only
+        assert!(s.record(&outcome(false, None), 1.0, g, 2));
     }
 
     #[test]
