@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rtmp-relay.sh IN_URL OUT_URL — restyle a live RTMP stream (e.g. from OBS) and push it on.
+# rtmp-relay.sh [--once] IN_URL OUT_URL — restyle a live RTMP stream (e.g. from OBS) and push it on.
 #
 #   ./pipelines/rtmp-relay.sh rtmp://127.0.0.1/live/obs rtmp://a.rtmp.youtube.com/live2/KEY
 #
@@ -12,14 +12,31 @@
 # Needs: gstreamer1.0-tools, -plugins-base/-good (flvdemux, flvmux), -plugins-bad (rtmp2src,
 #        rtmp2sink), -libav (H.264 decoder), -plugins-ugly (x264enc); the toonflow plugin on
 #        GST_PLUGIN_PATH (when that is unset, this script uses the repository's target/release).
-# Waits for the publisher if it has not started yet; ends (EOS, exit 0) when the publisher
-# stops, or on Ctrl-C (exit status 1 when no stream had started).
+#
+# Live: the delay never builds up. Decoded frames wait in a leaky queue of QUEUE_FRAMES frames
+#       in front of toonflow: when toonflow (or the encoder) is slower than the input, the oldest
+#       waiting frame is dropped, so a frame leaves at most a few frame times after it came in
+#       (the output then has fewer frames per second, at the input's timestamps).
+# Publisher gone: by default the relay waits for the publisher, relays until it stops (cleanly
+#       or killed: the output gets a proper end), waits for it to come back and relays again to
+#       the same OUT_URL (a new stream there, with a fresh toonflow: the temporal history
+#       starts anew), until Ctrl-C or SIGTERM, which end the stream being relayed (EOS) and
+#       exit 0. RELAY_ONCE=1 (or --once) keeps the one-shot behaviour: one publish is relayed,
+#       the script ends (EOS, exit 0) when the publisher stops, or on Ctrl-C (exit status 1
+#       when no stream had started).
 # Environment: WIDTH/HEIGHT scale before stylizing (default: keep the size),
 #              TOONFLOW extra element properties, BITRATE kbit/s (default 4000),
-#              KEYINT keyframe interval in frames (default 60).
+#              KEYINT keyframe interval in frames (default 60), QUEUE_FRAMES decoded frames
+#              waiting for toonflow (default 2), RELAY_ONCE=1 one-shot, RETRY_DELAY seconds
+#              between two attempts to connect after a failure (default 1).
 set -euo pipefail
+once=${RELAY_ONCE:-0}
+if [[ ${1:-} == --once ]]; then
+  once=1
+  shift
+fi
 if (($# != 2)); then
-  echo "usage: $0 IN_URL OUT_URL" >&2
+  echo "usage: $0 [--once] IN_URL OUT_URL" >&2
   exit 2
 fi
 in=$1 out=$2
@@ -28,13 +45,67 @@ here=$(cd "$(dirname "$0")/.." && pwd)
   export GST_PLUGIN_PATH="$here/target/release"
 
 size=${WIDTH:+,width=$WIDTH}${HEIGHT:+,height=$HEIGHT}
+# A queue that holds at most N buffers and drops the oldest when full.
+leaky() { echo "queue leaky=downstream max-size-buffers=$1 max-size-bytes=0 max-size-time=0"; }
 
-# shellcheck disable=SC2086 # TOONFLOW is a list of property=value words
-exec gst-launch-1.0 -e \
-  rtmp2src location="$in" ! flvdemux name=demux \
-  demux.video ! queue ! decodebin ! videoconvert ! videoscale ! "video/x-raw,format=NV12$size" \
-  ! toonflow ${TOONFLOW:-} \
-  ! x264enc tune=zerolatency speed-preset=veryfast bitrate="${BITRATE:-4000}" \
-  key-int-max="${KEYINT:-60}" ! h264parse ! queue ! mux. \
-  demux.audio ! queue ! aacparse ! queue ! mux. \
+# shellcheck disable=SC2086,SC2046 # TOONFLOW is a list of property=value words; leaky's words
+pipeline=(
+  rtmp2src location="$in" ! flvdemux name=demux
+  demux.video ! queue ! decodebin ! $(leaky "${QUEUE_FRAMES:-2}")
+  ! videoconvert ! videoscale ! "video/x-raw,format=NV12$size"
+  ! toonflow ${TOONFLOW:-}
+  ! x264enc tune=zerolatency speed-preset=veryfast bitrate="${BITRATE:-4000}"
+  key-int-max="${KEYINT:-60}" ! h264parse ! queue ! mux.
+  demux.audio ! queue ! aacparse ! queue max-size-buffers=0 max-size-bytes=0
+  max-size-time=3000000000 leaky=downstream ! mux.
   flvmux name=mux streamable=true ! rtmp2sink location="$out"
+)
+
+if ((once)); then
+  exec gst-launch-1.0 -e "${pipeline[@]}"
+fi
+
+if ! gst-inspect-1.0 toonflow >/dev/null 2>&1; then
+  echo "$0: no toonflow element (build the plugin, or set GST_PLUGIN_PATH)" >&2
+  exit 1
+fi
+
+# Each publish is relayed by one gst-launch in its own process group (set -m), so that a
+# Ctrl-C in the terminal reaches only this script, which then asks gst-launch once for a clean
+# end (SIGINT: gst-launch -e sends EOS down the pipeline).
+set -m
+stopping=0 child=
+stop() {
+  stopping=1
+  if [[ -n $child ]]; then kill -INT "$child" 2>/dev/null || true; fi
+}
+trap stop INT TERM
+session=0
+while ((!stopping)); do
+  session=$((session + 1))
+  echo "rtmp-relay: session $session: waiting for $in" >&2
+  started=$SECONDS
+  gst-launch-1.0 -e "${pipeline[@]}" &
+  child=$!
+  status=0
+  # wait returns early (above 128) when a trapped signal arrives; wait on until gst-launch has
+  # ended, killing it if the clean end takes more than 10 s.
+  while kill -0 "$child" 2>/dev/null; do
+    wait "$child" && status=0 || status=$?
+    if ((stopping)) && kill -0 "$child" 2>/dev/null; then
+      for _ in $(seq 100); do
+        kill -0 "$child" 2>/dev/null || break
+        sleep 0.1
+      done
+      kill -KILL "$child" 2>/dev/null || true
+    fi
+  done
+  child=
+  ((stopping)) && break
+  echo "rtmp-relay: session $session ended (status $status) after $((SECONDS - started)) s" >&2
+  # A session that failed (server unreachable, refused) is retried after a pause; one that ended
+  # because the publisher stopped starts waiting for the next publish at once.
+  ((status != 0)) && sleep "${RETRY_DELAY:-1}"
+done
+echo "rtmp-relay: stopped" >&2
+exit 0
