@@ -21,9 +21,10 @@
 #       or killed: the output gets a proper end), waits for it to come back and relays again to
 #       the same OUT_URL (a new stream there, with a fresh toonflow: the temporal history
 #       starts anew), until Ctrl-C or SIGTERM, which end the stream being relayed (EOS) and
-#       exit 0. RELAY_ONCE=1 (or --once) keeps the one-shot behaviour: one publish is relayed,
-#       the script ends (EOS, exit 0) when the publisher stops, or on Ctrl-C (exit status 1
-#       when no stream had started).
+#       exit 0 (stopped while waiting, gst-launch reports that its pipeline did not preroll:
+#       nothing was being relayed). RELAY_ONCE=1 (or --once) keeps the one-shot behaviour:
+#       one publish is relayed, the script ends (EOS, exit 0) when the publisher stops, or on
+#       Ctrl-C (exit status 1 when no stream had started).
 # Environment: WIDTH/HEIGHT scale before stylizing (default: keep the size),
 #              TOONFLOW extra element properties, BITRATE kbit/s (default 4000),
 #              KEYINT keyframe interval in frames (default 60), QUEUE_FRAMES decoded frames
