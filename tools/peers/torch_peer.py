@@ -47,6 +47,8 @@ def find_wheels():
 
 find_wheels()
 
+DEVICE = "cuda"
+
 SIZES = {"720p": (1280, 720), "1080p": (1920, 1080), "4k": (3840, 2160), "256": (256, 256)}
 
 
@@ -110,7 +112,49 @@ def static_folded(path, layout, h, w):
     keep = [o for o in folded.opset_import if o.domain in ("", "ai.onnx")]
     del folded.opset_import[:]
     folded.opset_import.extend(keep)
+    hoist_transposes_above_pads(folded)
     return folded
+
+
+def hoist_transposes_above_pads(model):
+    """AnimeGANv3 pads H and W of its NHWC input, then transposes to NCHW; PyTorch's reflect
+    padding only pads the last dimensions. Pad -> Transpose becomes Transpose -> Pad with the
+    pads permuted (what toonflow's lowering does too): same values, PyTorch can run it."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    readers = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {o.name for o in g.output}
+    nodes = list(g.node)
+    for pad in [n for n in nodes if n.op_type == "Pad"]:
+        if len(pad.input) < 2 or pad.input[1] not in inits or pad.output[0] in outputs:
+            continue
+        pads = numpy_helper.to_array(inits[pad.input[1]]).tolist()
+        rank = len(pads) // 2
+        if all(v == 0 for k in range(rank - 2) for v in (pads[k], pads[rank + k])):
+            continue  # pads only the last two dimensions already
+        after = readers.get(pad.output[0], [])
+        if len(after) != 1 or after[0].op_type != "Transpose":
+            continue
+        transpose = after[0]
+        perm = next(list(a.ints) for a in transpose.attribute if a.name == "perm")
+        moved = [pads[perm[k]] for k in range(rank)] + [pads[rank + perm[k]] for k in range(rank)]
+        name = pad.output[0] + "_hoisted"
+        new_pads = numpy_helper.from_array(__import__("numpy").array(moved, dtype="int64"), name + "_pads")
+        g.initializer.append(new_pads)
+        new_t = helper.make_node("Transpose", [pad.input[0]], [name], perm=perm, name=name + "_transpose")
+        new_p = helper.make_node("Pad", [name, new_pads.name] + list(pad.input[2:]), [transpose.output[0]],
+                                 name=name + "_pad")
+        new_p.attribute.extend(pad.attribute)
+        at = nodes.index(transpose)
+        nodes[at:at + 1] = [new_t, new_p]
+        nodes.remove(pad)
+    del g.node[:]
+    g.node.extend(nodes)
 
 
 def conv_gmac(model):
@@ -160,7 +204,7 @@ def convert(folded):
     import torch
     from onnx2torch import convert as onnx2torch_convert
 
-    net = onnx2torch_convert(folded).eval().cuda()
+    net = onnx2torch_convert(folded).eval().to(DEVICE)
     # Integer shape constants (Resize sizes, Reshape shapes, Pad pads) stay on the host: the
     # converted modules call .tolist() on them, a device sync per call that a CUDA graph
     # cannot capture.
@@ -169,7 +213,65 @@ def convert(folded):
             owner, _, leaf = name.rpartition(".")
             mod = net.get_submodule(owner) if owner else net
             mod._buffers[leaf] = buf.cpu()
+    specialise_shapes(net)
     return net
+
+
+def specialise_shapes(net):
+    """Pad, Reshape and Resize modules that read their pads/shape/sizes from constant integer
+    tensors become plain calls with Python constants (F.pad, torch.reshape, F.interpolate):
+    the shape is fixed anyway, and torch.compile cannot trace torch.Size(tensor). Returns how
+    many calls were rewritten."""
+    import torch
+    import torch.nn.functional as F
+    from onnx2torch.node_converters.pad import _onnx_padding_to_torch, _torch_padding_to_mode_format
+    from onnx2torch.node_converters.resize import _onnx_mode_to_torch_mode
+
+    graph = net.graph
+
+    def const(arg):
+        if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+            t = net
+            for part in arg.target.split("."):
+                t = getattr(t, part)
+            if isinstance(t, torch.Tensor) and not t.is_floating_point():
+                return [int(v) for v in t.flatten().tolist()]
+        return None
+
+    rewritten = 0
+    for node in list(graph.nodes):
+        if node.op != "call_module":
+            continue
+        mod = net.get_submodule(node.target)
+        kind = type(mod).__name__
+        args = list(node.args)
+        new = None
+        with graph.inserting_before(node):
+            if kind == "OnnxPadDynamic" and len(args) >= 2 and const(args[1]) is not None:
+                pads = _torch_padding_to_mode_format(_onnx_padding_to_torch(const(args[1])), mod.mode)
+                new = graph.call_function(F.pad, (args[0], pads), {"mode": mod.mode})
+            elif kind == "OnnxReshape" and len(args) == 2 and const(args[1]) is not None and 0 not in const(args[1]):
+                new = graph.call_function(torch.reshape, (args[0], tuple(const(args[1]))))
+            elif (kind == "OnnxResize" and mod.onnx_mode == "linear"
+                  and const(node.kwargs.get("sizes", args[3] if len(args) == 4 else None)) is not None):
+                sizes = const(node.kwargs.get("sizes", args[3] if len(args) == 4 else None))
+                mode = _onnx_mode_to_torch_mode(mod.onnx_mode, len(sizes) - 2)
+                new = graph.call_function(F.interpolate, (args[0],),
+                                          {"size": tuple(sizes[2:]), "mode": mode, "align_corners": mod.align_corners})
+        if new is not None:
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            rewritten += 1
+    graph.eliminate_dead_code()
+    net.recompile()
+    return rewritten
+
+
+def sync():
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def time_it(step, seconds, sync):
@@ -188,6 +290,12 @@ def time_it(step, seconds, sync):
     sync()
     per = (time.perf_counter() - t0) / n
     iters = max(5, int(seconds / max(per, 1e-6)))
+    if DEVICE != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            step()
+        ms = (time.perf_counter() - t0) * 1000 / iters
+        return 1000.0 / ms, ms, iters
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
@@ -203,16 +311,20 @@ def measure(net, layout, h, w, mode, seconds):
 
     dtype = torch.float16 if mode.startswith("fp16") else torch.float32
     shape = (1, h, w, 3) if layout == "nhwc" else (1, 3, h, w)
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    x = (torch.rand(shape, device="cuda", generator=gen) * 2 - 1).to(dtype)
+    gen = torch.Generator(device=DEVICE).manual_seed(7)
+    x = (torch.rand(shape, device=DEVICE, generator=gen) * 2 - 1).to(dtype)
     net = net.to(dtype) if dtype == torch.float16 else net.float()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
+    if DEVICE != "cuda" and not mode.endswith("eager"):
+        raise RuntimeError(f"{mode} needs CUDA")
+    base = 0
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
     with torch.inference_mode():
         if mode.endswith("eager"):
-            fps, ms, iters = time_it(lambda: net(x), seconds, torch.cuda.synchronize)
+            fps, ms, iters = time_it(lambda: net(x), seconds, sync)
         elif mode.endswith("graph"):
             static_in = x.clone()
             side = torch.cuda.Stream()
@@ -224,11 +336,11 @@ def measure(net, layout, h, w, mode, seconds):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out = net(static_in)
-            fps, ms, iters = time_it(graph.replay, seconds, torch.cuda.synchronize)
+            fps, ms, iters = time_it(graph.replay, seconds, sync)
             del out
         else:
             raise ValueError(mode)
-    peak = torch.cuda.max_memory_allocated() - base
+    peak = torch.cuda.max_memory_allocated() - base if DEVICE == "cuda" else float("nan")
     return fps, ms, iters, peak
 
 
@@ -236,24 +348,60 @@ def measure_compiled(net, layout, h, w, seconds):
     import torch
 
     shape = (1, h, w, 3) if layout == "nhwc" else (1, 3, h, w)
-    x = (torch.rand(shape, device="cuda") * 2 - 1).half()
-    net = net.half()
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    x = (torch.rand(shape, device=DEVICE) * 2 - 1).to(dtype)
+    net = net.to(dtype)
     compiled = torch.compile(net, dynamic=False)
     t0 = time.perf_counter()
     with torch.inference_mode():
         compiled(x)
-        torch.cuda.synchronize()
+        sync()
         compile_s = time.perf_counter() - t0
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fps, ms, iters = time_it(lambda: compiled(x), seconds, torch.cuda.synchronize)
-    return fps, ms, iters, torch.cuda.max_memory_allocated() - base, compile_s
+        base = 0
+        if DEVICE == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        fps, ms, iters = time_it(lambda: compiled(x), seconds, sync)
+    peak = torch.cuda.max_memory_allocated() - base if DEVICE == "cuda" else float("nan")
+    return fps, ms, iters, peak, compile_s
+
+
+def parity(path, layout, m):
+    """The converted network (fp32, on the device) against onnxruntime on the same folded
+    graph at 256x256-ish: (max |difference| as converted, and against onnxruntime with the
+    Resizes switched to half_pixel, the coordinates PyTorch's bilinear interpolation uses)."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    h, w = -(-192 // m) * m, -(-256 // m) * m
+    folded = static_folded(path, layout, h, w)
+    net = convert(folded).float()
+    shape = (1, h, w, 3) if layout == "nhwc" else (1, 3, h, w)
+    x = np.random.default_rng(3).uniform(-1, 1, shape).astype(np.float32)
+    with torch.inference_mode():
+        y = net(torch.from_numpy(x).to(DEVICE)).float().cpu().numpy()
+    diffs = []
+    for half_pixel in (False, True):
+        if half_pixel:
+            for n in folded.graph.node:
+                for a in n.attribute:
+                    if n.op_type == "Resize" and a.name == "coordinate_transformation_mode":
+                        a.s = b"half_pixel"
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(folded.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+        diffs.append(float(np.abs(y - ref).max()))
+    return (w, h), diffs
 
 
 def child_compile(args):
     """--child-compile MODEL SIZE: one torch.compile measurement, printed as JSON."""
     import onnx
 
+    global DEVICE
+    DEVICE = args.device
     path, size = args.child_compile
     label, (w, h) = parse_size(size)
     layout, _ = input_layout(onnx.load(path))
@@ -274,15 +422,19 @@ def main():
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--multiple", type=int, default=0, help="size multiple (0: from the strides)")
     ap.add_argument("--json")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test")
+    ap.add_argument("--no-parity", action="store_true", help="skip the check against onnxruntime")
     ap.add_argument("--child-compile", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_compile:
         return child_compile(args)
 
+    global DEVICE
+    DEVICE = args.device
     import onnx
     import torch
 
-    dev = torch.cuda.get_device_name(0)
+    dev = torch.cuda.get_device_name(0) if DEVICE == "cuda" else f"cpu ({os.cpu_count()} threads)"
     print(f"torch_peer: {dev}; torch {torch.__version__}; onnx {onnx.__version__}", flush=True)
     rows = []
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -294,6 +446,16 @@ def main():
         layout, _ = input_layout(model)
         m = args.multiple or size_multiple(model)
         del model
+        if not args.no_parity:
+            try:
+                (pw, ph), (as_converted, half_pixel) = parity(path, layout, m)
+                print(f"{name:<22} parity at {pw}x{ph}, fp32, against onnxruntime: max |diff| {as_converted:.2e} "
+                      f"as converted, {half_pixel:.2e} with the Resizes in half_pixel coordinates", flush=True)
+                if out:
+                    out.write(json.dumps({"model": name, "parity_size": f"{pw}x{ph}", "max_diff": as_converted,
+                                          "max_diff_half_pixel_resize": half_pixel}) + "\n")
+            except Exception as e:
+                print(f"{name:<22} parity check failed: {type(e).__name__}: {e}", flush=True)
         for size in args.sizes.split(","):
             label, (w, h) = parse_size(size)
             h, w = -(-h // m) * m, -(-w // m) * m
@@ -314,7 +476,7 @@ def main():
                             continue
                         child = subprocess.run(
                             [sys.executable, __file__, "--child-compile", path, size, "--seconds", str(args.seconds),
-                             "--multiple", str(m)],
+                             "--multiple", str(m), "--device", DEVICE],
                             capture_output=True, text=True, timeout=args.compile_timeout)
                         lines = [l for l in child.stdout.splitlines() if l.startswith("CHILD ")]
                         if child.returncode != 0 or not lines:
@@ -341,7 +503,8 @@ def main():
                     out.write(json.dumps(row) + "\n")
                     out.flush()
             del net
-            torch.cuda.empty_cache()
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
             print(f"  ({name} {label}: fold + convert {prep:.1f} s)", flush=True)
     print()
     print("| model | size | mode | fps | ms/frame | peak MB | GMAC |")
