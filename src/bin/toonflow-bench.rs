@@ -366,6 +366,17 @@ fn run_once(
     result
 }
 
+/// One decimal, or three significant digits below 10 fps (the neural CPU reference runs at
+/// 0.01–0.1 fps).
+fn fps_text(fps: f64) -> String {
+    if fps >= 10.0 || fps == 0.0 {
+        format!("{fps:.1}")
+    } else {
+        let decimals = (2 - fps.log10().floor() as i32).clamp(1, 6) as usize;
+        format!("{fps:.decimals$}")
+    }
+}
+
 /// ` model="PATH"` for a launch line (quotes and backslashes escaped as gst-launch reads them).
 fn model_property(path: &std::path::Path) -> String {
     let p = path.display().to_string();
@@ -543,11 +554,11 @@ fn main() {
                 let gpu = median(runs.iter().map(|r| r.gpu_time_us).collect());
                 let last = runs.last().unwrap();
                 println!(
-                    "{:<10} {:<11} {:<5} {:>10.1} {:>10.0} {:>10.0} {:>9} {:>10.1} {:>10.1} {:>6}",
+                    "{:<10} {:<11} {:<5} {:>10} {:>10.0} {:>10.0} {:>9} {:>10.1} {:>10.1} {:>6}",
                     label,
                     mode,
                     precision,
-                    fps,
+                    fps_text(fps),
                     p50,
                     p99,
                     last.launches,
@@ -594,7 +605,16 @@ fn main() {
 
 #[cfg(test)]
 mod tests {
-    use super::json_escape;
+    use super::{fps_text, json_escape};
+
+    #[test]
+    fn slow_rates_keep_three_significant_digits() {
+        assert_eq!(fps_text(3341.04), "3341.0");
+        assert_eq!(fps_text(9.377), "9.38");
+        assert_eq!(fps_text(0.0901), "0.0901");
+        assert_eq!(fps_text(0.0041), "0.00410");
+        assert_eq!(fps_text(0.0), "0.0");
+    }
 
     #[test]
     fn json_strings_escape_quotes_backslashes_and_control_characters() {
