@@ -29,8 +29,12 @@ for step in "$@"; do
         soak) TOONFLOW_TEST_BACKEND=cuda .gpu/tests/hardening-* --nocapture soak 2>&1 | tee -a "$out/soak.log" | grep -E "soak|result|panicked" || rc=1 ;;
         bench) .gpu/bin/toonflow-bench --sizes 720p,1080p,1440p,4k --modes cuda-eager,cuda-graph,frei0r \
                    --precisions fp16,fp32 --frames 2000 --cpu-frames 3 --reps 3 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || rc=1 ;;
-        peer) # the PyTorch peer on the same ONNX files: TOONFLOW_PEER_MODELS="a.onnx b.onnx"
-            python3 tools/peers/torch_peer.py ${TOONFLOW_PEER_MODELS:?names the .onnx files} \
+        peer) # the PyTorch peer on the generated Hayao-class model (written here by the bundled
+            # neural_peer_models test) and TOONFLOW_PEER_MODELS="a.onnx ..." (e.g. a local
+            # AnimeGANv3 copied into .gpu/ for the run, never committed)
+            models=/tmp/toonflow-peer-models
+            for t in .gpu/tests/neural_peer_models-*; do TOONFLOW_PEER_MODEL_DIR=$models "$t" >/dev/null; done
+            python3 tools/peers/torch_peer.py ${TOONFLOW_PEER_MODELS:-} $models/hayao_class.onnx \
                 --json "$out/peer.jsonl" 2>&1 | tee "$out/peer.txt" || rc=1 ;;
         stats) gst-launch-1.0 -m videotestsrc num-buffers=300 ! video/x-raw,format=NV12,width=1920,height=1080 ! \
                    toonflow stats-interval=100 ! fakesink 2>&1 | grep -E "toonflow-stats" | tail -2 ;;

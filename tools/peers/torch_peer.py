@@ -11,8 +11,9 @@ element pads) the script
   3. times fp32 eager, fp16 eager, fp16 replayed as one CUDA graph, and fp16 through
      torch.compile (in a child process with a time limit: compiling takes minutes), with CUDA
      events over at least --seconds after warm-up, batch 1, one frame at a time,
-  4. prints one line per configuration (fps, ms per frame, peak device memory, GMAC counted
-     from the folded graph) and a Markdown table at the end; --json writes the rows.
+  4. prints one line per configuration (fps, ms per frame, peak device memory as PyTorch's
+     allocator counts it: weights, activations, a graph's pool; GMAC counted from the folded
+     graph) and a Markdown table at the end; --json writes the rows.
 
 Usage (on the GPU machine; onnx2torch comes as a wheel from tools/peers/fetch-wheels.sh, found
 in .gpu/wheels, $TOONFLOW_WHEELS or wheels/ beside this script):
@@ -316,12 +317,10 @@ def measure(net, layout, h, w, mode, seconds):
     net = net.to(dtype) if dtype == torch.float16 else net.float()
     if DEVICE != "cuda" and not mode.endswith("eager"):
         raise RuntimeError(f"{mode} needs CUDA")
-    base = 0
     if DEVICE == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
     with torch.inference_mode():
         if mode.endswith("eager"):
             fps, ms, iters = time_it(lambda: net(x), seconds, sync)
@@ -340,7 +339,8 @@ def measure(net, layout, h, w, mode, seconds):
             del out
         else:
             raise ValueError(mode)
-    peak = torch.cuda.max_memory_allocated() - base if DEVICE == "cuda" else float("nan")
+    # the whole peak (weights, activations, a graph's pool), as PyTorch's allocator counts it
+    peak = torch.cuda.max_memory_allocated() if DEVICE == "cuda" else float("nan")
     return fps, ms, iters, peak
 
 
@@ -357,12 +357,10 @@ def measure_compiled(net, layout, h, w, seconds):
         compiled(x)
         sync()
         compile_s = time.perf_counter() - t0
-        base = 0
         if DEVICE == "cuda":
             torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
         fps, ms, iters = time_it(lambda: compiled(x), seconds, sync)
-    peak = torch.cuda.max_memory_allocated() - base if DEVICE == "cuda" else float("nan")
+    peak = torch.cuda.max_memory_allocated() if DEVICE == "cuda" else float("nan")
     return fps, ms, iters, peak, compile_s
 
 
@@ -483,11 +481,13 @@ def main():
                             tail = (child.stderr or child.stdout).strip().splitlines()[-3:]
                             raise RuntimeError(" | ".join(tail))
                         r = json.loads(lines[-1][6:])
-                        row.update(fps=r["fps"], ms=r["ms"], iters=r["iters"], peak_mb=r["peak"] / 1e6,
+                        row.update(fps=r["fps"], ms=r["ms"], iters=r["iters"], peak_mb=(r["peak"] or 0) / 1e6,
                                    compile_s=r["compile_s"])
                     else:
                         fps, ms, iters, peak = measure(net, layout, h, w, mode, args.seconds)
                         row.update(fps=fps, ms=ms, iters=iters, peak_mb=peak / 1e6)
+                    if row.get("peak_mb") != row.get("peak_mb"):  # NaN (no device memory on the CPU)
+                        row["peak_mb"] = None
                 except subprocess.TimeoutExpired:
                     row["error"] = f"torch.compile did not finish in {args.compile_timeout:.0f} s"
                 except Exception as e:
@@ -497,7 +497,7 @@ def main():
                 else:
                     extra = f"  (compile {row['compile_s']:.0f} s)" if "compile_s" in row else ""
                     print(f"{name:<22} {label:<6} {w}x{h:<5} {mode:<13} {row['fps']:9.1f} fps {row['ms']:8.2f} ms "
-                          f"peak {row['peak_mb']:8.0f} MB  {gmac:7.1f} GMAC{extra}", flush=True)
+                          f"peak {row['peak_mb'] or 0:8.0f} MB  {gmac:7.1f} GMAC{extra}", flush=True)
                 rows.append(row)
                 if out:
                     out.write(json.dumps(row) + "\n")
@@ -514,7 +514,7 @@ def main():
             print(f"| {r['model']} | {r['size']} ({r['width']}x{r['height']}) | {r['mode']} | failed: {r['error']} | | | |")
         else:
             print(f"| {r['model']} | {r['size']} ({r['width']}x{r['height']}) | {r['mode']} | {r['fps']:.1f} | "
-                  f"{r['ms']:.2f} | {r['peak_mb']:.0f} | {r['gmac']:.1f} |")
+                  f"{r['ms']:.2f} | {r['peak_mb'] or 0:.0f} | {r['gmac']:.1f} |")
     return 0
 
 
