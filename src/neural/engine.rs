@@ -430,8 +430,8 @@ impl Specialised {
     }
 
     /// [`run`](Self::run), and `observer` sees every stage output right after its stage ran
-    /// (stage index, value name, value) and may change it before later stages read it
-    /// (calibration records ranges; precision emulation rounds to fp16).
+    /// (stage index, value name, value) and may change its values, not its shape, before later
+    /// stages read it (calibration records ranges; precision emulation rounds to fp16).
     pub fn run_observed(
         &self,
         input: &Tensor<f32>,
