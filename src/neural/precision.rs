@@ -764,6 +764,42 @@ mod tests {
     }
 
     #[test]
+    fn another_executor_feeding_the_calibrator_gets_the_same_plan() {
+        // what the GPU path does: its own fp32 stage outputs (as plain f32 slices) and its own
+        // statistics, stage by stage, frame by frame
+        let spec = normalized_model(0.01, 500.0).specialise(16, 16).unwrap();
+        let f = frames(2, 16, 16);
+        let mut calibrator = Calibrator::new(&spec);
+        for frame in &f {
+            let mut outputs: Vec<(usize, Vec<f32>)> = Vec::new();
+            let mut stats: Vec<(usize, Vec<f32>, Vec<f32>)> = Vec::new();
+            let mut hook =
+                |i: usize, m: &mut [f32], v: &mut [f32]| stats.push((i, m.to_vec(), v.to_vec()));
+            let mut observe = |stage: usize, _: &str, v: &mut Value| {
+                if let Value::Float(t) = v {
+                    outputs.push((stage, t.data.clone()));
+                }
+            };
+            spec.run_observed(frame, Some(&mut hook), Some(&mut observe))
+                .unwrap();
+            for (stage, data) in &outputs {
+                calibrator.record_output_data(*stage, data);
+            }
+            for (i, m, v) in &stats {
+                calibrator.record_stats(*i, m, v);
+            }
+            calibrator.frame_done();
+        }
+        let a = stage_of(&spec, "a");
+        assert_eq!(calibrator.producer_of("a"), Some(a));
+        assert_eq!(calibrator.finish(), calibrate(&spec, &f).unwrap());
+        // out-of-range indices are ignored, not a panic
+        calibrator.record_output_data(999, &[1e9]);
+        calibrator.record_stats(999, &[1.0], &[0.0]);
+        assert_eq!(calibrator.finish(), calibrate(&spec, &f).unwrap());
+    }
+
+    #[test]
     fn uniform_plans_and_bad_calls() {
         let spec = normalized_model(1.0, 0.0).specialise(8, 8).unwrap();
         let n = spec.stage_count();
