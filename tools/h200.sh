@@ -3,7 +3,8 @@
 #   here:   tools/h200.sh --pack        builds .gpu/ (tools/gpu-bundle.sh: plugin, tests, bench,
 #                                       GStreamer runtime, frei0r's cartoon filter)
 #   there:  source .gpu/env.sh && tools/h200.sh <step...>
-#           steps: parity fast-parity report fast-report element faults soak bench stats
+#           steps: parity fast-parity report fast-report element faults soak bench neural-bench
+#                  peer stats
 # Writes logs under $OUT when set.
 set -uo pipefail
 if [ "${1:-}" = "--pack" ]; then
@@ -15,6 +16,16 @@ export CARGO_MANIFEST_DIR=$PWD
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 rc=0
+# The models of the neural steps: the generated Hayao-class network (written here by the
+# bundled neural_peer_models test) and TOONFLOW_PEER_MODELS="a.onnx ..." (e.g. a local AnimeGANv3
+# copied into .gpu/ for the run; its weights are non-commercial, never committed).
+neural_models() {
+    local dir=/tmp/toonflow-peer-models
+    [[ -f $dir/hayao_class.onnx ]] || for t in .gpu/tests/neural_peer_models-*; do
+        TOONFLOW_PEER_MODEL_DIR=$dir "$t" >/dev/null
+    done
+    echo ${TOONFLOW_PEER_MODELS:-} $dir/hayao_class.onnx
+}
 for step in "$@"; do
     echo "=== $step"
     case $step in
@@ -29,6 +40,15 @@ for step in "$@"; do
         soak) TOONFLOW_TEST_BACKEND=cuda .gpu/tests/hardening-* --nocapture soak 2>&1 | tee -a "$out/soak.log" | grep -E "soak|result|panicked" || rc=1 ;;
         bench) .gpu/bin/toonflow-bench --sizes 720p,1080p,1440p,4k --modes cuda-eager,cuda-graph,frei0r \
                    --precisions fp16,fp32 --frames 2000 --cpu-frames 3 --reps 3 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || rc=1 ;;
+        peer) # the PyTorch peer on the generated Hayao-class model and TOONFLOW_PEER_MODELS
+            python3 tools/peers/torch_peer.py $(neural_models) \
+                --json "$out/peer.jsonl" 2>&1 | tee "$out/peer.txt" || rc=1 ;;
+        neural-bench) # toonflow's network on the GPU, same models, 720p/1080p/4K
+            for m in $(neural_models); do
+                .gpu/bin/toonflow-bench --model "$m" --modes cuda-eager,cuda-graph --precisions fp16,fp32 \
+                    --frames "${TOONFLOW_NEURAL_FRAMES:-200}" --reps 1 --json "$out/neural-bench-$(basename "$m" .onnx).json" \
+                    2>&1 | tee -a "$out/neural-bench.txt" || rc=1
+            done ;;
         stats) gst-launch-1.0 -m videotestsrc num-buffers=300 ! video/x-raw,format=NV12,width=1920,height=1080 ! \
                    toonflow stats-interval=100 ! fakesink 2>&1 | grep -E "toonflow-stats" | tail -2 ;;
     esac

@@ -3,6 +3,11 @@
 //! fakesink` and prints, per resolution and mode, throughput, latency percentiles, launches per
 //! frame and device memory; frei0r's cartoon filter runs on the same frames as the CPU peer.
 //! Warm-up frames are excluded; each configuration is repeated and the median reported.
+//!
+//! `--model PATH` benchmarks the neural stage instead: the same frames through `toonflow
+//! model=PATH` on the CPU reference (`cpu`: a few frames, it is slow) and on CUDA
+//! (`cuda-eager`, `cuda-graph`, with `--precisions`), at 720p, 1080p and 4K unless `--sizes`
+//! says otherwise. A configuration the element refuses prints its error as the row.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,7 +19,7 @@ use gsttoonflow::pipeline::stats::percentile_of_sorted;
 
 const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4k,320x240] \
 [--modes cpu,cuda-eager,cuda-graph,frei0r] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
-[--reps N] [--json FILE]";
+[--reps N] [--json FILE] [--model PATH.onnx]";
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -25,6 +30,8 @@ struct Options {
     cpu_frames: usize,
     reps: usize,
     json: Option<PathBuf>,
+    /// The neural stage's model: neural rows instead of the classic pipeline's.
+    model: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<(usize, usize, String), String> {
@@ -59,7 +66,9 @@ fn parse_args() -> Result<Options, String> {
         cpu_frames: 4,
         reps: 3,
         json: None,
+        model: None,
     };
+    let (mut sizes_given, mut modes_given) = (false, false);
     let mut args = std::env::args().skip(1);
     let list = |v: Option<String>| -> Result<Vec<String>, String> {
         Ok(v.ok_or("missing value")?
@@ -77,12 +86,17 @@ fn parse_args() -> Result<Options, String> {
                 o.reps = 2;
             }
             "--sizes" => {
+                sizes_given = true;
                 o.sizes = list(args.next())?
                     .iter()
                     .map(|s| parse_size(s))
                     .collect::<Result<_, _>>()?
             }
-            "--modes" => o.modes = list(args.next())?,
+            "--modes" => {
+                modes_given = true;
+                o.modes = list(args.next())?
+            }
+            "--model" => o.model = Some(args.next().ok_or("--model PATH")?.into()),
             "--precisions" => o.precisions = list(args.next())?,
             "--frames" => {
                 o.frames = args
@@ -100,6 +114,20 @@ fn parse_args() -> Result<Options, String> {
             "--json" => o.json = Some(args.next().ok_or("--json FILE")?.into()),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if o.model.is_some() {
+        if !sizes_given {
+            o.sizes = ["720p", "1080p", "4k"]
+                .iter()
+                .map(|s| parse_size(s).unwrap())
+                .collect();
+        }
+        if !modes_given {
+            o.modes = ["cpu", "cuda-eager", "cuda-graph"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         }
     }
     Ok(o)
@@ -208,6 +236,7 @@ fn run_once(
     frames: &[gst::Buffer],
     warmup: usize,
     count: usize,
+    deadline: Duration,
 ) -> Result<RunResult, String> {
     let desc = format!(
         "appsrc name=src format=time is-live=false block=true max-buffers=4 \
@@ -273,7 +302,7 @@ fn run_once(
     let wait_for = |n: usize| -> Result<(), String> {
         let (lock, cv) = &*done;
         let mut got = lock.lock().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(600);
+        let deadline = Instant::now() + deadline;
         while *got < n {
             let (g, _) = cv.wait_timeout(got, Duration::from_millis(200)).unwrap();
             got = g;
@@ -337,6 +366,26 @@ fn run_once(
     result
 }
 
+/// One decimal, or three significant digits below 10 fps (the neural CPU reference runs at
+/// 0.01–0.1 fps).
+fn fps_text(fps: f64) -> String {
+    if fps >= 10.0 || fps == 0.0 {
+        format!("{fps:.1}")
+    } else {
+        let decimals = (2 - fps.log10().floor() as i32).clamp(1, 6) as usize;
+        format!("{fps:.decimals$}")
+    }
+}
+
+/// ` model="PATH"` for a launch line (quotes and backslashes escaped as gst-launch reads them).
+fn model_property(path: &std::path::Path) -> String {
+    let p = path.display().to_string();
+    format!(
+        " model=\"{}\"",
+        p.replace('\\', "\\\\").replace('"', "\\\"")
+    )
+}
+
 /// `s` as the inside of a JSON string: quote, backslash and every control character escaped.
 fn json_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -376,6 +425,27 @@ fn main() {
         Err(e) => format!("no CUDA ({e})"),
     };
     let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The neural stage's model, checked once here so a bad file is one clear error.
+    let model = match &opts.model {
+        Some(path) => match gsttoonflow::neural::engine::NeuralModel::load(path) {
+            Ok(m) => {
+                println!(
+                    "model: {} ({}): size multiple {}, {} bytes of weights",
+                    m.name(),
+                    path.display(),
+                    m.size_multiple(),
+                    m.weight_bytes()
+                );
+                Some((m.name().to_string(), model_property(path)))
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(2);
+            }
+        },
+        None => None,
+    };
+    let model_prop = model.as_ref().map_or(String::new(), |(_, p)| p.clone());
     println!(
         "toonflow-bench: device: {device}; host: {host} cores; frames of real content (4 photos, plain and noised)"
     );
@@ -409,7 +479,10 @@ fn main() {
         };
         for mode in &opts.modes {
             let configs: Vec<(String, String)> = match mode.as_str() {
-                "cpu" => vec![("fp32".into(), "toonflow name=t backend=cpu".into())],
+                "cpu" => vec![(
+                    "fp32".into(),
+                    format!("toonflow name=t backend=cpu{model_prop}"),
+                )],
                 "frei0r" if frei0r => vec![(
                     "-".into(),
                     "videoconvert ! video/x-raw,format=BGRA ! frei0r-filter-cartoon ! videoconvert ! video/x-raw,format=NV12"
@@ -429,7 +502,10 @@ fn main() {
                     .map(|p| {
                         (
                             p.clone(),
-                            format!("toonflow name=t backend=cuda precision={p} cuda-graph={}", mode == "cuda-graph"),
+                            format!(
+                                "toonflow name=t backend=cuda precision={p} cuda-graph={}{model_prop}",
+                                mode == "cuda-graph"
+                            ),
                         )
                     })
                     .collect(),
@@ -441,21 +517,31 @@ fn main() {
             for (precision, filter) in configs {
                 let slow = mode == "cpu" || mode == "frei0r";
                 let count = match mode.as_str() {
+                    // the network on the CPU takes seconds a frame
+                    "cpu" if model.is_some() => opts.cpu_frames.max(1),
                     "cpu" => opts.cpu_frames.max(2),
                     "frei0r" => 10 * opts.cpu_frames.max(2),
                     _ => opts.frames,
                 };
                 let warmup = if slow { 1 } else { 50 };
+                // the neural CPU reference: minutes a frame at 4K on a small machine
+                let deadline = if model.is_some() && mode == "cpu" {
+                    Duration::from_secs(600 * (warmup + count) as u64)
+                } else {
+                    Duration::from_secs(600)
+                };
                 let input = match (&pinned, slow) {
                     (Ok(p), false) => p.as_slice(),
                     _ => frames.as_slice(),
                 };
                 let runs: Vec<RunResult> = (0..opts.reps.max(1))
-                    .map_while(|_| match run_once(&filter, *w, *h, input, warmup, count) {
-                        Ok(r) => Some(r),
-                        Err(e) => {
-                            println!("{label:<10} {mode:<11} {precision:<5} failed: {e}");
-                            None
+                    .map_while(|_| {
+                        match run_once(&filter, *w, *h, input, warmup, count, deadline) {
+                            Ok(r) => Some(r),
+                            Err(e) => {
+                                println!("{label:<10} {mode:<11} {precision:<5} failed: {e}");
+                                None
+                            }
                         }
                     })
                     .collect();
@@ -468,11 +554,11 @@ fn main() {
                 let gpu = median(runs.iter().map(|r| r.gpu_time_us).collect());
                 let last = runs.last().unwrap();
                 println!(
-                    "{:<10} {:<11} {:<5} {:>10.1} {:>10.0} {:>10.0} {:>9} {:>10.1} {:>10.1} {:>6}",
+                    "{:<10} {:<11} {:<5} {:>10} {:>10.0} {:>10.0} {:>9} {:>10.1} {:>10.1} {:>6}",
                     label,
                     mode,
                     precision,
-                    fps,
+                    fps_text(fps),
                     p50,
                     p99,
                     last.launches,
@@ -481,9 +567,10 @@ fn main() {
                     last.graph_replayed
                 );
                 rows.push(format!(
-                    "{{\"size\":\"{}\",\"width\":{w},\"height\":{h},\"mode\":\"{}\",\"precision\":\"{}\",\"fps_median\":{fps:.3},\
+                    "{{\"model\":{},\"size\":\"{}\",\"width\":{w},\"height\":{h},\"mode\":\"{}\",\"precision\":\"{}\",\"fps_median\":{fps:.3},\
                      \"fps_runs\":[{}],\"latency_p50_us\":{p50:.1},\"latency_p99_us\":{p99:.1},\"launches\":{},\
                      \"arena_bytes\":{},\"gpu_time_us\":{gpu:.2},\"graph_replayed\":{},\"frames_per_run\":{count},\"runs\":{}}}",
+                    model.as_ref().map_or("null".to_string(), |(n, _)| format!("\"{}\"", json_escape(n))),
                     json_escape(label),
                     json_escape(mode),
                     json_escape(&precision),
@@ -518,7 +605,16 @@ fn main() {
 
 #[cfg(test)]
 mod tests {
-    use super::json_escape;
+    use super::{fps_text, json_escape};
+
+    #[test]
+    fn slow_rates_keep_three_significant_digits() {
+        assert_eq!(fps_text(3341.04), "3341.0");
+        assert_eq!(fps_text(9.377), "9.38");
+        assert_eq!(fps_text(0.0901), "0.0901");
+        assert_eq!(fps_text(0.0041), "0.00410");
+        assert_eq!(fps_text(0.0), "0.0");
+    }
 
     #[test]
     fn json_strings_escape_quotes_backslashes_and_control_characters() {
