@@ -14,7 +14,8 @@ use crate::cuda::{self, CudaError, CudaPipeline, GpuFrameStats, PipelineEvent};
 use crate::neural::NeuralError;
 use crate::neural::engine::NeuralModel;
 use crate::neural::frame::{ColorMatrix, ColorRange, ConverterConfig};
-use crate::pipeline::cpu::{CpuPipeline, FrameReport};
+use crate::pipeline::cpu::FrameReport;
+use crate::pipeline::fast::CpuClassic;
 use crate::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut, Shape, StageParams, ToonParams};
 
 /// What the engine needs to know about the negotiated caps, read from them in one place.
@@ -174,7 +175,7 @@ pub enum EngineEvent {
 
 /// The per-stream processor.
 enum Processor {
-    ClassicCpu(Box<CpuPipeline>),
+    ClassicCpu(CpuClassic),
     ClassicCuda(Box<CudaPipeline>),
     NeuralCpu(Box<NeuralCpu>),
 }
@@ -264,7 +265,7 @@ impl Engine {
         let mut events = Vec::new();
         let model = Self::load_model(&settings.model.path, &mut events)?;
         let backend = match (settings.backend, &model) {
-            (BackendChoice::Cpu, _) => Backend::Cpu,
+            (BackendChoice::Cpu | BackendChoice::CpuReference, _) => Backend::Cpu,
             (BackendChoice::Cuda, Some((path, _))) => {
                 return Err(EngineError::NeuralNeedsCpu(path.clone()));
             }
@@ -512,7 +513,8 @@ impl Engine {
             }
             (Backend::Cpu, old) => {
                 drop(old); // the old planes go before the new ones are allocated
-                self.processor = Some(Self::classic_cpu(geometry, shape));
+                let cpu = self.classic_cpu(geometry, shape);
+                self.processor = Some(cpu);
                 Ok(())
             }
             (Backend::Cuda { .. }, Some(Processor::ClassicCuda(mut p))) => {
@@ -567,18 +569,30 @@ impl Engine {
             }),
             err if self.choice == BackendChoice::Auto => {
                 self.fall_back(&err);
-                self.processor = Some(Self::classic_cpu(geometry, shape));
+                let cpu = self.classic_cpu(geometry, shape);
+                self.processor = Some(cpu);
                 Ok(())
             }
             err => Err(EngineError::CudaInit(err)),
         }
     }
 
-    fn classic_cpu(geometry: FrameGeometry, shape: Shape) -> Processor {
-        Processor::ClassicCpu(Box::new(CpuPipeline::new(
-            geometry,
-            shape.temporal_history as usize,
-        )))
+    /// The classic CPU processor: the fast path, or the reference with backend=cpu-reference.
+    fn classic_cpu(&mut self, geometry: FrameGeometry, shape: Shape) -> Processor {
+        let reference = self.choice == BackendChoice::CpuReference;
+        let cpu = CpuClassic::new(geometry, shape.temporal_history as usize, reference);
+        self.log(
+            Level::Info,
+            match &cpu {
+                CpuClassic::Fast(p) => format!(
+                    "classic pipeline on the fast CPU path ({} kernels, {} threads)",
+                    p.isa_name(),
+                    p.threads()
+                ),
+                CpuClassic::Reference(_) => "classic pipeline on the CPU reference".into(),
+            },
+        );
+        Processor::ClassicCpu(cpu)
     }
 
     fn fall_back(&mut self, err: &CudaError) {
@@ -643,10 +657,13 @@ impl Engine {
                 self.events.push(EngineEvent::FellBack(err.to_string()));
                 self.processor = None; // the GPU state goes before the CPU planes are allocated
                 let shape = stream.shape;
-                let mut cpu =
-                    CpuPipeline::new(stream.format.geometry, shape.temporal_history as usize);
+                let mut cpu = CpuClassic::new(
+                    stream.format.geometry,
+                    shape.temporal_history as usize,
+                    false,
+                );
                 let report = cpu.process(&stream.params, input, output);
-                self.processor = Some(Processor::ClassicCpu(Box::new(cpu)));
+                self.processor = Some(Processor::ClassicCpu(cpu));
                 Ok(FrameOutcome {
                     report,
                     gpu: None,
@@ -767,15 +784,19 @@ mod tests {
     }
 
     #[test]
-    fn cpu_backend_matches_the_cpu_pipeline_bit_for_bit() {
-        let settings = cpu_settings();
+    fn cpu_reference_backend_matches_the_cpu_pipeline_bit_for_bit() {
+        let settings = Settings {
+            backend: BackendChoice::CpuReference,
+            ..Settings::default()
+        };
         let mut engine = Engine::start(&settings).unwrap();
         assert_eq!(engine.backend(), Backend::Cpu);
         assert_eq!(engine.cuda_device(), None);
         let f = format(96, 64);
         engine.configure(f, &settings).unwrap();
         let g = f.geometry;
-        let mut reference = CpuPipeline::new(g, settings.stage.temporal_history as usize);
+        let mut reference =
+            crate::pipeline::cpu::CpuPipeline::new(g, settings.stage.temporal_history as usize);
         let params = ToonParams::new(&settings.stage, g.width as u32, g.height as u32);
         for t in 0..4 {
             let (got, outcome) = run(&mut engine, g, t);
@@ -791,6 +812,22 @@ mod tests {
             assert_eq!(outcome.report, report);
             assert!(outcome.gpu.is_none());
         }
+    }
+
+    #[test]
+    fn cpu_backend_runs_the_fast_path() {
+        let settings = cpu_settings();
+        let mut engine = Engine::start(&settings).unwrap();
+        let f = format(96, 64);
+        engine.configure(f, &settings).unwrap();
+        assert!(matches!(
+            &engine.processor,
+            Some(Processor::ClassicCpu(CpuClassic::Fast(_)))
+        ));
+        let (got, outcome) = run(&mut engine, f.geometry, 0);
+        assert!(outcome.gpu.is_none());
+        let (y, _) = frame(f.geometry, 0);
+        assert!(got.iter().zip(&y).filter(|(a, b)| a != b).count() > y.len() / 4);
     }
 
     #[test]
