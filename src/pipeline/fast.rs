@@ -16,6 +16,8 @@
 
 use std::time::Instant;
 
+use parking_lot::Mutex;
+
 use super::analysis::{FrameStatistics, SceneCutDetector};
 use super::band_pool::BandPool;
 use super::cpu::{CpuPipeline, Feature, FrameReport, StageTimes};
@@ -42,6 +44,22 @@ pub struct FastPipeline {
     statistics: FrameStatistics,
     detector: SceneCutDetector,
     times: StageTimes,
+    /// Pair weights of the vertical passes, one buffer per concurrent band (grown on the first
+    /// frame, and again only if the radius grows).
+    scratch: Vec<Mutex<Vec<f32>>>,
+}
+
+/// Runs `f` with a scratch buffer of at least `len` floats that no other band holds.
+fn with_scratch(scratch: &[Mutex<Vec<f32>>], len: usize, f: impl FnOnce(&mut [f32])) {
+    // There is a buffer per pool thread, so a free one is found; lock the first otherwise.
+    let mut buffer = scratch
+        .iter()
+        .find_map(|m| m.try_lock())
+        .unwrap_or_else(|| scratch[0].lock());
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+    f(&mut buffer[..len]);
 }
 
 impl FastPipeline {
@@ -76,6 +94,9 @@ impl FastPipeline {
             statistics: FrameStatistics::new(p.thumb_w as usize, p.thumb_h as usize),
             detector: SceneCutDetector::with_capacity((p.thumb_w * p.thumb_h) as usize),
             times: StageTimes::default(),
+            scratch: (0..threads.max(1))
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
         }
     }
 
@@ -92,6 +113,9 @@ impl FastPipeline {
     pub fn set_threads(&mut self, threads: usize) {
         if threads.max(1) != self.pool.threads() {
             self.pool = BandPool::new(threads);
+            self.scratch = (0..threads.max(1))
+                .map(|_| Mutex::new(Vec::new()))
+                .collect();
         }
     }
 
@@ -242,27 +266,45 @@ impl FastPipeline {
             );
         });
 
+        let scratch = &self.scratch;
         let src = &self.tmp_l;
         pool.for_row_bands(&mut self.l, w, h, |first, rows, out| {
-            k::bilateral_luma_y(isa, src, w, h, first, rows, out, &p.luma_spatial, lr, coeff);
+            with_scratch(scratch, k::vertical_scratch_len(w, lr), |s| {
+                k::bilateral_luma_y(
+                    isa,
+                    src,
+                    w,
+                    h,
+                    first,
+                    rows,
+                    out,
+                    &p.luma_spatial,
+                    lr,
+                    coeff,
+                    s,
+                );
+            });
         });
         let (su, sv) = self.tmp_uv.split_at(cw * ch);
         let (ou, ov) = self.uv.split_at_mut(cw * ch);
         pool.for_row_bands2(ou, ov, cw, ch, |first, rows, ou, ov| {
-            k::bilateral_chroma_y(
-                isa,
-                su,
-                sv,
-                cw,
-                ch,
-                first,
-                rows,
-                ou,
-                ov,
-                &p.chroma_spatial,
-                cr,
-                coeff,
-            );
+            with_scratch(scratch, k::vertical_scratch_len(cw, cr), |s| {
+                k::bilateral_chroma_y(
+                    isa,
+                    su,
+                    sv,
+                    cw,
+                    ch,
+                    first,
+                    rows,
+                    ou,
+                    ov,
+                    &p.chroma_spatial,
+                    cr,
+                    coeff,
+                    s,
+                );
+            });
         });
     }
 

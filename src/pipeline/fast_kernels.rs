@@ -141,41 +141,6 @@ fn lanes(s: &[f32], at: usize) -> &[f32; LANES] {
     s[at..at + LANES].try_into().unwrap()
 }
 
-/// Luma bilateral tap sum for the pixels at `c`, neighbour `t` (0 ..= 2r) at `tap(t)`.
-#[inline(always)]
-fn bilateral_luma_lanes<'a>(
-    c: &[f32; LANES],
-    taps: usize,
-    r: usize,
-    spatial: &[f32; MAX_RADIUS + 1],
-    coeff: f32,
-    tap: impl Fn(usize) -> &'a [f32; LANES],
-    out: &mut [f32],
-) {
-    let (mut acc, mut wsum) = ([0.0f32; LANES], [0.0f32; LANES]);
-    for t in 0..taps {
-        let s = spatial[t.abs_diff(r)];
-        if t == r {
-            // The centre's range weight is exp(0) = 1 exactly.
-            for k in 0..LANES {
-                acc[k] += s * c[k];
-                wsum[k] += s;
-            }
-            continue;
-        }
-        let n = tap(t);
-        for k in 0..LANES {
-            let d = n[k] - c[k];
-            let wgt = s * exp_nonpositive(coeff * d * d);
-            acc[k] += wgt * n[k];
-            wsum[k] += wgt;
-        }
-    }
-    for k in 0..LANES {
-        out[k] = acc[k] / wsum[k];
-    }
-}
-
 /// Luma bilateral tap sum for one pixel (rows narrower than [`LANES`]).
 #[inline(always)]
 fn bilateral_luma_one(
@@ -298,8 +263,34 @@ multiversion! {
     }
 }
 
+/// Floats of scratch a vertical bilateral pass needs per band: the pair weights of the last
+/// `r + 1` rows, `r` offsets each.
+pub fn vertical_scratch_len(w: usize, r: usize) -> usize {
+    (r + 1) * r * w
+}
+
+/// Ones, the centre tap's range weight (exp(0)) for a segment.
+const ONES: [f32; SEGMENT] = [1.0; SEGMENT];
+
+/// Where the pair weight of rows (`y`, `y + j`) of the vertical passes lives in the scratch.
+#[inline(always)]
+fn pair_row_at(y: usize, j: usize, r: usize, w: usize) -> usize {
+    ((y % (r + 1)) * r + (j - 1)) * w
+}
+
+/// The pair (`y`, neighbour `yn`) of a vertical tap as (upper row, offset): the weight of pair
+/// (y, y + j) serves tap +j of row y and tap −j of row y + j (the distance only changes sign),
+/// including the clamped border rows. Offset 0 is the centre (weight 1).
+#[inline(always)]
+fn vertical_pair(y: usize, t: usize, r: usize, h: usize) -> (usize, usize) {
+    let yn = (y + t).saturating_sub(r).min(h - 1);
+    (y.min(yn), y.abs_diff(yn))
+}
+
 multiversion! {
     /// Vertical luma bilateral pass: output rows `first..first + rows` of a `w`×`h` plane.
+    /// The range weight of each pair of rows is evaluated once, for both rows (`scratch`, at
+    /// least [`vertical_scratch_len`] floats, holds those of the last r + 1 rows).
     pub fn bilateral_luma_y(
         src: &[f32],
         w: usize,
@@ -310,64 +301,52 @@ multiversion! {
         spatial: &[f32; MAX_RADIUS + 1],
         r: usize,
         coeff: f32,
+        scratch: &mut [f32],
     ) {
-        let row_of = |y: usize, t: usize| &src[(y + t).saturating_sub(r).min(h - 1) * w..][..w];
-        for row in 0..rows {
-            let y = first + row;
-            let out = &mut out[row * w..][..w];
-            let center = &src[y * w..][..w];
-            if w >= LANES {
-                for x in chunk_starts(w) {
-                    bilateral_luma_lanes(lanes(center, x), 2 * r + 1, r, spatial, coeff, |t| lanes(row_of(y, t), x), &mut out[x..]);
-                }
-            } else {
-                for (x, o) in out.iter_mut().enumerate() {
-                    *o = bilateral_luma_one(center[x], 2 * r + 1, r, spatial, coeff, |t| row_of(y, t)[x]);
+        let row = |y: usize| &src[y * w..][..w];
+        // A function, not a closure: it is inlined into (and compiled for) the AVX2 version.
+        #[inline(always)]
+        fn pairs_of(src: &[f32], w: usize, h: usize, y: usize, r: usize, coeff: f32, scratch: &mut [f32]) {
+            let row = |y: usize| &src[y * w..][..w];
+            for j in 1..=r.min(h - 1 - y) {
+                let at = pair_row_at(y, j, r, w);
+                for ((e, &a), &b) in scratch[at..at + w].iter_mut().zip(row(y)).zip(row(y + j)) {
+                    let d = b - a;
+                    *e = exp_nonpositive(coeff * d * d);
                 }
             }
         }
-    }
-}
-
-/// Chroma bilateral tap sum (range distance on (u, v) jointly, in L units).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn bilateral_chroma_lanes<'a>(
-    cu: &[f32; LANES],
-    cv: &[f32; LANES],
-    taps: usize,
-    r: usize,
-    spatial: &[f32; MAX_RADIUS + 1],
-    coeff: f32,
-    tap: impl Fn(usize) -> (&'a [f32; LANES], &'a [f32; LANES]),
-    out_u: &mut [f32],
-    out_v: &mut [f32],
-) {
-    let (mut acc_u, mut acc_v, mut wsum) = ([0.0f32; LANES], [0.0f32; LANES], [0.0f32; LANES]);
-    for t in 0..taps {
-        let s = spatial[t.abs_diff(r)];
-        if t == r {
-            // The centre's range weight is exp(0) = 1 exactly.
-            for k in 0..LANES {
-                acc_u[k] += s * cu[k];
-                acc_v[k] += s * cv[k];
-                wsum[k] += s;
+        for y in first.saturating_sub(r)..first {
+            pairs_of(src, w, h, y, r, coeff, scratch);
+        }
+        let (mut acc, mut wsum) = ([0.0f32; SEGMENT], [0.0f32; SEGMENT]);
+        for y in first..first + rows {
+            pairs_of(src, w, h, y, r, coeff, scratch);
+            let out = &mut out[(y - first) * w..][..w];
+            for x0 in (0..w).step_by(SEGMENT) {
+                let len = SEGMENT.min(w - x0);
+                acc[..len].fill(0.0);
+                wsum[..len].fill(0.0);
+                for t in 0..2 * r + 1 {
+                    let s = spatial[t.abs_diff(r)];
+                    let (upper, j) = vertical_pair(y, t, r, h);
+                    let n = &row((y + t).saturating_sub(r).min(h - 1))[x0..x0 + len];
+                    let e = if j == 0 {
+                        &ONES[..len]
+                    } else {
+                        &scratch[pair_row_at(upper, j, r, w) + x0..][..len]
+                    };
+                    for (((a, ws), &e), &n) in acc[..len].iter_mut().zip(&mut wsum[..len]).zip(e).zip(n) {
+                        let wgt = s * e;
+                        *a += wgt * n;
+                        *ws += wgt;
+                    }
+                }
+                for ((o, a), ws) in out[x0..x0 + len].iter_mut().zip(&acc[..len]).zip(&wsum[..len]) {
+                    *o = a / ws;
+                }
             }
-            continue;
         }
-        let (u, v) = tap(t);
-        for k in 0..LANES {
-            let du = 100.0 * (u[k] - cu[k]);
-            let dv = 100.0 * (v[k] - cv[k]);
-            let wgt = s * exp_nonpositive(coeff * (du * du + dv * dv));
-            acc_u[k] += wgt * u[k];
-            acc_v[k] += wgt * v[k];
-            wsum[k] += wgt;
-        }
-    }
-    for k in 0..LANES {
-        out_u[k] = acc_u[k] / wsum[k];
-        out_v[k] = acc_v[k] / wsum[k];
     }
 }
 
@@ -464,7 +443,8 @@ multiversion! {
 }
 
 multiversion! {
-    /// Vertical chroma bilateral pass over planar u and v (a `w`×`h` chroma plane).
+    /// Vertical chroma bilateral pass over planar u and v (a `w`×`h` chroma plane), the pair
+    /// weights shared as in [`bilateral_luma_y`].
     pub fn bilateral_chroma_y(
         src_u: &[f32],
         src_v: &[f32],
@@ -477,30 +457,65 @@ multiversion! {
         spatial: &[f32; MAX_RADIUS + 1],
         r: usize,
         coeff: f32,
+        scratch: &mut [f32],
     ) {
-        let at = |y: usize, t: usize| (y + t).saturating_sub(r).min(h - 1) * w;
-        for row in 0..rows {
-            let y = first + row;
-            let out_u = &mut out_u[row * w..][..w];
-            let out_v = &mut out_v[row * w..][..w];
-            let (cu, cv) = (&src_u[y * w..][..w], &src_v[y * w..][..w]);
-            if w >= LANES {
-                for x in chunk_starts(w) {
-                    bilateral_chroma_lanes(
-                        lanes(cu, x),
-                        lanes(cv, x),
-                        2 * r + 1,
-                        r,
-                        spatial,
-                        coeff,
-                        |t| (lanes(src_u, at(y, t) + x), lanes(src_v, at(y, t) + x)),
-                        &mut out_u[x..],
-                        &mut out_v[x..],
-                    );
+        let row_u = |y: usize| &src_u[y * w..][..w];
+        let row_v = |y: usize| &src_v[y * w..][..w];
+        // A function, not a closure: it is inlined into (and compiled for) the AVX2 version.
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        fn pairs_of(src_u: &[f32], src_v: &[f32], w: usize, h: usize, y: usize, r: usize, coeff: f32, scratch: &mut [f32]) {
+            let row_u = |y: usize| &src_u[y * w..][..w];
+            let row_v = |y: usize| &src_v[y * w..][..w];
+            for j in 1..=r.min(h - 1 - y) {
+                let at = pair_row_at(y, j, r, w);
+                let (ua, ub, va, vb) = (row_u(y), row_u(y + j), row_v(y), row_v(y + j));
+                for ((e, (&ua, &ub)), (&va, &vb)) in scratch[at..at + w].iter_mut().zip(ua.iter().zip(ub)).zip(va.iter().zip(vb)) {
+                    let du = 100.0 * (ub - ua);
+                    let dv = 100.0 * (vb - va);
+                    *e = exp_nonpositive(coeff * (du * du + dv * dv));
                 }
-            } else {
-                for x in 0..w {
-                    (out_u[x], out_v[x]) = bilateral_chroma_one((cu[x], cv[x]), 2 * r + 1, r, spatial, coeff, |t| (src_u[at(y, t) + x], src_v[at(y, t) + x]));
+            }
+        }
+        for y in first.saturating_sub(r)..first {
+            pairs_of(src_u, src_v, w, h, y, r, coeff, scratch);
+        }
+        let (mut acc_u, mut acc_v, mut wsum) = ([0.0f32; SEGMENT], [0.0f32; SEGMENT], [0.0f32; SEGMENT]);
+        for y in first..first + rows {
+            pairs_of(src_u, src_v, w, h, y, r, coeff, scratch);
+            let out_u = &mut out_u[(y - first) * w..][..w];
+            let out_v = &mut out_v[(y - first) * w..][..w];
+            for x0 in (0..w).step_by(SEGMENT) {
+                let len = SEGMENT.min(w - x0);
+                acc_u[..len].fill(0.0);
+                acc_v[..len].fill(0.0);
+                wsum[..len].fill(0.0);
+                for t in 0..2 * r + 1 {
+                    let s = spatial[t.abs_diff(r)];
+                    let (upper, j) = vertical_pair(y, t, r, h);
+                    let yn = (y + t).saturating_sub(r).min(h - 1);
+                    let (u, v) = (&row_u(yn)[x0..x0 + len], &row_v(yn)[x0..x0 + len]);
+                    let e = if j == 0 {
+                        &ONES[..len]
+                    } else {
+                        &scratch[pair_row_at(upper, j, r, w) + x0..][..len]
+                    };
+                    for ((((au, av), ws), &e), (&u, &v)) in acc_u[..len]
+                        .iter_mut()
+                        .zip(&mut acc_v[..len])
+                        .zip(&mut wsum[..len])
+                        .zip(e)
+                        .zip(u.iter().zip(v))
+                    {
+                        let wgt = s * e;
+                        *au += wgt * u;
+                        *av += wgt * v;
+                        *ws += wgt;
+                    }
+                }
+                for i in 0..len {
+                    out_u[x0 + i] = acc_u[i] / wsum[i];
+                    out_v[x0 + i] = acc_v[i] / wsum[i];
                 }
             }
         }
@@ -920,6 +935,7 @@ mod tests {
                 &p.luma_spatial,
                 r,
                 p.range_coeff,
+                &mut vec![0.0; vertical_scratch_len(w, r)],
             );
             y
         };
