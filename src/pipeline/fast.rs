@@ -266,6 +266,15 @@ impl FastPipeline {
             );
         });
 
+        // Every band's scratch sized here, whichever band takes which buffer later: only a
+        // frame that grows the radius (or the first) allocates.
+        let need = k::vertical_scratch_len(w, lr).max(k::vertical_scratch_len(cw, cr));
+        for buffer in &self.scratch {
+            let mut buffer = buffer.lock();
+            if buffer.len() < need {
+                buffer.resize(need, 0.0);
+            }
+        }
         let scratch = &self.scratch;
         let src = &self.tmp_l;
         pool.for_row_bands(&mut self.l, w, h, |first, rows, out| {
