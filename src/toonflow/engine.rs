@@ -1,5 +1,5 @@
 //! The element's engine: which backend runs (auto/cpu/cuda), building its processor for the
-//! negotiated format, falling back from CUDA to the CPU reference, and reconfiguring when caps
+//! negotiated format, falling back from CUDA to the fast CPU path, and reconfiguring when caps
 //! or properties change. No GStreamer callbacks here: imp.rs drives it and turns its errors
 //! and events into bus messages and log lines.
 
@@ -168,7 +168,7 @@ pub enum Level {
 #[derive(Debug, Clone, PartialEq)]
 pub enum EngineEvent {
     Log(Level, String),
-    /// CUDA cannot be used (the reason): the CPU reference runs from now on. The element posts
+    /// CUDA cannot be used (the reason): the fast CPU path runs from now on. The element posts
     /// a warning on the bus.
     FellBack(String),
 }
@@ -256,7 +256,8 @@ pub struct Engine {
 
 impl Engine {
     /// Chooses the backend: backend=cuda fails without a usable device, backend=auto falls
-    /// back to the CPU reference (a [`EngineEvent::FellBack`]).
+    /// back to the fast CPU path (a [`EngineEvent::FellBack`]); backend=cpu-reference runs the
+    /// exact reference.
     ///
     /// With `model=` the model is loaded and checked first. The neural stage runs on the CPU
     /// reference: backend=auto says so with a warning, backend=cuda is an error.
@@ -600,7 +601,7 @@ impl Engine {
         self.events.push(EngineEvent::FellBack(err.to_string()));
     }
 
-    /// Stylizes one frame. With backend=auto a GPU failure switches to the CPU reference for
+    /// Stylizes one frame. With backend=auto a GPU failure switches to the fast CPU path for
     /// this frame and the rest of the stream.
     pub fn process(
         &mut self,
