@@ -1,13 +1,14 @@
-//! The CPU reference on its worker pool computes exactly what it computes on one thread, on
-//! real photos, and processing a frame allocates nothing (so it spawns no thread either: a
-//! spawn allocates). One test in this file, because allocations are counted process-wide.
+//! Both CPU paths (the reference and the fast path) on their worker pools compute exactly what
+//! they compute on one thread, on real photos, and processing a frame allocates nothing (so it
+//! spawns no thread either: a spawn allocates). One test in this file, because allocations are
+//! counted process-wide.
 
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gsttoonflow::pipeline::cpu::CpuPipeline;
+use gsttoonflow::pipeline::fast::CpuClassic;
 use gsttoonflow::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut, StageParams, ToonParams};
 
 /// Counts every allocation of the process.
@@ -41,18 +42,27 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// Runs `frames` through a pipeline of `threads` threads; the outputs, and the allocations made
-/// while processing every frame after the first.
+/// Runs `frames` through a pipeline (the reference or the fast path) of `threads` threads; the
+/// outputs, and the allocations made while processing every frame after the first.
 fn run(
     frames: &[common::Nv12],
     params: &ToonParams,
+    reference: bool,
     threads: usize,
 ) -> (Vec<Vec<u8>>, Vec<(bool, u32)>, u64) {
     let (w, h) = (frames[0].width, frames[0].height);
     let geometry = FrameGeometry::new(w, h).unwrap();
-    let mut cpu = CpuPipeline::new(geometry, params.history as usize);
-    cpu.set_threads(threads);
-    assert_eq!(cpu.threads(), threads);
+    let mut cpu = CpuClassic::new(geometry, params.history as usize, reference);
+    match &mut cpu {
+        CpuClassic::Fast(p) => {
+            p.set_threads(threads);
+            assert_eq!(p.threads(), threads);
+        }
+        CpuClassic::Reference(p) => {
+            p.set_threads(threads);
+            assert_eq!(p.threads(), threads);
+        }
+    }
     let mut outputs: Vec<Vec<u8>> = frames.iter().map(|_| vec![0u8; w * h * 3 / 2]).collect();
     let mut reports = Vec::with_capacity(frames.len());
     let mut allocations = 0;
@@ -60,7 +70,7 @@ fn run(
         let input = Nv12Frame::packed(geometry, &frame.data).unwrap();
         let mut output = Nv12FrameMut::packed(geometry, out).unwrap();
         // The first frame is a warm-up: parking_lot sets up each thread's parking data the
-        // first time the thread waits.
+        // first time the thread waits, and the fast path sizes its vertical-pass scratch.
         let before = ALLOCATIONS.load(Ordering::SeqCst);
         let report = cpu.process(params, &input, &mut output);
         if i > 0 {
@@ -87,40 +97,45 @@ fn worker_pool_is_bit_exact_with_one_thread_and_allocates_nothing_per_frame() {
         coffee.with_noise(3.0, 4),
     ];
     let params = ToonParams::new(&StageParams::default(), w as u32, h as u32);
-    let (single, single_reports, _) = run(&frames, &params, 1);
-    assert!(
-        single_reports.iter().any(|r| r.0),
-        "the cut to another photo is seen"
-    );
-    assert!(
-        single_reports.iter().any(|r| r.1 > 1),
-        "the temporal ring takes part"
-    );
-    for threads in [2, 3, 8] {
-        let (pooled, reports, allocations) = run(&frames, &params, threads);
-        assert_eq!(reports, single_reports, "{threads} threads: frame reports");
-        for (i, (a, b)) in single.iter().zip(&pooled).enumerate() {
-            let differing = a.iter().zip(b).filter(|(x, y)| x != y).count();
+    for (path, reference) in [("reference", true), ("fast path", false)] {
+        let (single, single_reports, _) = run(&frames, &params, reference, 1);
+        assert!(
+            single_reports.iter().any(|r| r.0),
+            "{path}: the cut to another photo is seen"
+        );
+        assert!(
+            single_reports.iter().any(|r| r.1 > 1),
+            "{path}: the temporal ring takes part"
+        );
+        for threads in [2, 3, 8] {
+            let (pooled, reports, allocations) = run(&frames, &params, reference, threads);
             assert_eq!(
-                differing, 0,
-                "{threads} threads, frame {i}: {differing} bytes differ from one thread"
+                reports, single_reports,
+                "{path}, {threads} threads: frame reports"
+            );
+            for (i, (a, b)) in single.iter().zip(&pooled).enumerate() {
+                let differing = a.iter().zip(b).filter(|(x, y)| x != y).count();
+                assert_eq!(
+                    differing, 0,
+                    "{path}, {threads} threads, frame {i}: {differing} bytes differ from one thread"
+                );
+            }
+            assert_eq!(
+                allocations,
+                0,
+                "{path}, {threads} threads: processing frames 2–{} allocated",
+                frames.len()
             );
         }
-        assert_eq!(
-            allocations,
-            0,
-            "{threads} threads: processing frames 2–{} allocated",
-            frames.len()
+        // The output is a cartoon, not a copy: the check above compares real work.
+        let changed = single[0]
+            .iter()
+            .zip(&frames[0].data)
+            .filter(|(a, b)| a != b)
+            .count();
+        assert!(
+            changed > single[0].len() / 4,
+            "{path}: only {changed} bytes changed"
         );
     }
-    // The output is a cartoon, not a copy: the check above compares real work.
-    let changed = single[0]
-        .iter()
-        .zip(&frames[0].data)
-        .filter(|(a, b)| a != b)
-        .count();
-    assert!(
-        changed > single[0].len() / 4,
-        "only {changed} bytes changed"
-    );
 }

@@ -18,7 +18,7 @@ use gst::prelude::*;
 use gsttoonflow::pipeline::stats::percentile_of_sorted;
 
 const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4k,320x240] \
-[--modes cpu,cuda-eager,cuda-graph,frei0r] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
+[--modes cpu,cpu-reference,cpu-stages,cuda-eager,cuda-graph,frei0r] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
 [--reps N] [--json FILE] [--model PATH.onnx]";
 
 #[derive(Clone, Debug)]
@@ -386,6 +386,129 @@ fn model_property(path: &std::path::Path) -> String {
     )
 }
 
+/// A tightly packed copy of a frame buffer in GStreamer's default NV12 layout.
+fn packed_nv12(buffer: &gst::Buffer, width: usize, height: usize) -> Result<Vec<u8>, String> {
+    let info =
+        gst_video::VideoInfo::builder(gst_video::VideoFormat::Nv12, width as u32, height as u32)
+            .build()
+            .map_err(|e| e.to_string())?;
+    let map = buffer.map_readable().map_err(|e| e.to_string())?;
+    if map.len() < info.size() {
+        return Err(format!(
+            "frame holds {} bytes, NV12 needs {}",
+            map.len(),
+            info.size()
+        ));
+    }
+    let (ys, uvs, uvo) = (
+        info.stride()[0] as usize,
+        info.stride()[1] as usize,
+        info.offset()[1],
+    );
+    let mut out = Vec::with_capacity(width * height * 3 / 2);
+    for r in 0..height {
+        out.extend_from_slice(&map[r * ys..][..width]);
+    }
+    for r in 0..height / 2 {
+        out.extend_from_slice(&map[uvo + r * uvs..][..width]);
+    }
+    Ok(out)
+}
+
+/// Nanoseconds the threads of this process have run on a CPU so far (Linux schedstat; `None`
+/// elsewhere). Threads that have exited are not counted, so measure while they live.
+fn process_cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// The two CPU paths outside GStreamer on the same frames: the median time of each stage per
+/// frame, fast path against the reference, printed as a table; returns the JSON fields.
+fn cpu_stages(
+    width: usize,
+    height: usize,
+    frames: &[gst::Buffer],
+    reference_frames: usize,
+    reps: usize,
+) -> Result<String, String> {
+    use gsttoonflow::pipeline::cpu::StageTimes;
+    use gsttoonflow::pipeline::fast::CpuClassic;
+    use gsttoonflow::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut, StageParams, ToonParams};
+    let geometry = FrameGeometry::new(width, height)?;
+    let params = ToonParams::new(&StageParams::default(), width as u32, height as u32);
+    let packed: Vec<Vec<u8>> = frames
+        .iter()
+        .map(|b| packed_nv12(b, width, height))
+        .collect::<Result<_, _>>()?;
+    let mut out = vec![0u8; geometry.nv12_bytes()];
+    // Per path: each stage's per-frame times (ms), whole frames (ms) over all repetitions, and
+    // the CPU time of all threads per frame (ms, median over repetitions).
+    type Measured = (Vec<Vec<f64>>, Vec<f64>, f64);
+    let mut measure = |reference: bool, count: usize| -> Result<Measured, String> {
+        let mut stages = vec![Vec::new(); StageTimes::NAMES.len()];
+        let mut totals = Vec::new();
+        let mut cpu_ms = Vec::new();
+        for _ in 0..reps.max(1) {
+            let mut cpu = CpuClassic::new(geometry, params.history as usize, reference);
+            let mut cpu_start = None;
+            for i in 0..count + 1 {
+                if i == 1 {
+                    cpu_start = process_cpu_ns();
+                }
+                let input = Nv12Frame::packed(geometry, &packed[i % packed.len()])?;
+                let mut output = Nv12FrameMut::packed(geometry, &mut out)?;
+                let t = Instant::now();
+                cpu.process(&params, &input, &mut output);
+                let total = t.elapsed().as_secs_f64() * 1e3;
+                if i == 0 {
+                    continue; // warm-up
+                }
+                totals.push(total);
+                for (s, d) in stages.iter_mut().zip(cpu.last_stage_times().as_array()) {
+                    s.push(d.as_secs_f64() * 1e3);
+                }
+            }
+            if let (Some(a), Some(b)) = (cpu_start, process_cpu_ns()) {
+                cpu_ms.push(b.saturating_sub(a) as f64 / 1e6 / count as f64);
+            }
+        }
+        Ok((stages, totals, median(cpu_ms)))
+    };
+    let (ref_stages, ref_total, ref_cpu) = measure(true, reference_frames)?;
+    let (fast_stages, fast_total, fast_cpu) = measure(false, 10 * reference_frames)?;
+    println!(
+        "  {width}x{height} stages, ms per frame (median; reference {} frames, fast {} frames):",
+        ref_total.len(),
+        fast_total.len()
+    );
+    println!(
+        "  {:<24} {:>12} {:>10} {:>9}",
+        "stage", "reference", "fast", "speed-up"
+    );
+    let mut json = Vec::new();
+    let rows = StageTimes::NAMES
+        .iter()
+        .zip(ref_stages.into_iter().zip(fast_stages))
+        .map(|(name, (r, f))| (name.to_string(), median(r), median(f)))
+        .chain([
+            ("frame".to_string(), median(ref_total), median(fast_total)),
+            // All threads' CPU time: what a frame costs whatever else loads the machine.
+            ("frame CPU time".to_string(), ref_cpu, fast_cpu),
+        ]);
+    for (name, r, f) in rows {
+        println!("  {name:<24} {r:>12.2} {f:>10.2} {:>8.1}x", r / f.max(1e-9));
+        json.push(format!(
+            "{{\"stage\":\"{}\",\"reference_ms\":{r:.3},\"fast_ms\":{f:.3}}}",
+            json_escape(&name)
+        ));
+    }
+    Ok(format!("\"stages\":[{}]", json.join(",")))
+}
+
 /// `s` as the inside of a JSON string: quote, backslash and every control character escaped.
 fn json_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -463,6 +586,7 @@ fn main() {
         "graph"
     );
     let mut rows = Vec::new();
+    let mut stage_rows = Vec::new();
     for (w, h, label) in &opts.sizes {
         let frames = match make_frames(*w, *h) {
             Ok(f) => f,
@@ -483,6 +607,20 @@ fn main() {
                     "fp32".into(),
                     format!("toonflow name=t backend=cpu{model_prop}"),
                 )],
+                "cpu-reference" => vec![(
+                    "fp32".into(),
+                    format!("toonflow name=t backend=cpu-reference{model_prop}"),
+                )],
+                "cpu-stages" => {
+                    match cpu_stages(*w, *h, &frames, opts.cpu_frames.max(2), opts.reps) {
+                        Ok(json) => stage_rows.push(format!(
+                            "{{\"size\":\"{}\",\"width\":{w},\"height\":{h},{json}}}",
+                            json_escape(label)
+                        )),
+                        Err(e) => println!("{label:<10} {mode:<11} failed: {e}"),
+                    }
+                    continue;
+                }
                 "frei0r" if frei0r => vec![(
                     "-".into(),
                     "videoconvert ! video/x-raw,format=BGRA ! frei0r-filter-cartoon ! videoconvert ! video/x-raw,format=NV12"
@@ -515,12 +653,12 @@ fn main() {
                 }
             };
             for (precision, filter) in configs {
-                let slow = mode == "cpu" || mode == "frei0r";
+                let slow = mode.starts_with("cpu") || mode == "frei0r";
                 let count = match mode.as_str() {
                     // the network on the CPU takes seconds a frame
-                    "cpu" if model.is_some() => opts.cpu_frames.max(1),
-                    "cpu" => opts.cpu_frames.max(2),
-                    "frei0r" => 10 * opts.cpu_frames.max(2),
+                    "cpu" | "cpu-reference" if model.is_some() => opts.cpu_frames.max(1),
+                    "cpu-reference" => opts.cpu_frames.max(2),
+                    "cpu" | "frei0r" => 10 * opts.cpu_frames.max(2),
                     _ => opts.frames,
                 };
                 let warmup = if slow { 1 } else { 50 };
@@ -584,9 +722,10 @@ fn main() {
         }
     }
     let json = format!(
-        "{{\"device\":\"{}\",\"host_cores\":{host},\"results\":[{}]}}",
+        "{{\"device\":\"{}\",\"host_cores\":{host},\"results\":[{}],\"cpu_stages\":[{}]}}",
         json_escape(&device),
-        rows.join(",")
+        rows.join(","),
+        stage_rows.join(",")
     );
     match &opts.json {
         Some(path) => {
@@ -597,7 +736,7 @@ fn main() {
         }
         None => println!("{json}"),
     }
-    if rows.is_empty() {
+    if rows.is_empty() && stage_rows.is_empty() {
         eprintln!("no configuration ran");
         std::process::exit(1);
     }

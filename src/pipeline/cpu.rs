@@ -6,6 +6,8 @@
 //! threads made with the pipeline ([`BandPool`]); after [`CpuPipeline::new`], processing a frame
 //! allocates nothing and starts no thread.
 
+use std::time::{Duration, Instant};
+
 use super::analysis::{FrameStatistics, SceneCutDetector, apply_levels};
 use super::band_pool::BandPool;
 use super::frame::{FrameGeometry, Nv12Frame, Nv12FrameMut};
@@ -82,6 +84,50 @@ pub struct FrameReport {
     pub history_used: usize,
 }
 
+/// How long each stage of a frame took (both CPU paths report it; the benchmark prints it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageTimes {
+    /// Unpack to working planes, statistics and the scene-cut score.
+    pub unpack_analysis: Duration,
+    /// Bilateral iterations up to the edge iteration (the features).
+    pub smoothing_to_edges: Duration,
+    /// Temporal filter and the ring update.
+    pub temporal: Duration,
+    /// DoG and the edge factor.
+    pub edges: Duration,
+    /// The remaining bilateral iterations.
+    pub smoothing_after_edges: Duration,
+    /// Auto-levels, quantization, compose and pack.
+    pub compose: Duration,
+}
+
+impl StageTimes {
+    /// Stage names, in the order of [`StageTimes::as_array`].
+    pub const NAMES: [&'static str; 6] = [
+        "unpack+analysis",
+        "smoothing to edges",
+        "temporal",
+        "edges (DoG)",
+        "smoothing after edges",
+        "compose+pack",
+    ];
+
+    pub fn as_array(&self) -> [Duration; 6] {
+        [
+            self.unpack_analysis,
+            self.smoothing_to_edges,
+            self.temporal,
+            self.edges,
+            self.smoothing_after_edges,
+            self.compose,
+        ]
+    }
+
+    pub fn total(&self) -> Duration {
+        self.as_array().iter().sum()
+    }
+}
+
 /// The CPU backend's per-stream state: working planes, the temporal ring, the scene detector.
 #[derive(Debug)]
 pub struct CpuPipeline {
@@ -97,6 +143,7 @@ pub struct CpuPipeline {
     ring: TemporalRing<Feature>,
     statistics: FrameStatistics,
     detector: SceneCutDetector,
+    times: StageTimes,
 }
 
 impl CpuPipeline {
@@ -128,6 +175,7 @@ impl CpuPipeline {
             }),
             statistics: FrameStatistics::new(p.thumb_w as usize, p.thumb_h as usize),
             detector: SceneCutDetector::with_capacity((p.thumb_w * p.thumb_h) as usize),
+            times: StageTimes::default(),
         }
     }
 
@@ -151,6 +199,11 @@ impl CpuPipeline {
         self.pool.threads()
     }
 
+    /// How long each stage of the last frame took.
+    pub fn last_stage_times(&self) -> StageTimes {
+        self.times
+    }
+
     /// Empties the temporal ring and forgets the previous thumbnail (flush, discont, caps).
     pub fn reset(&mut self) {
         self.ring.clear();
@@ -172,6 +225,7 @@ impl CpuPipeline {
             output.geometry, self.geometry,
             "output geometry differs from the pipeline's"
         );
+        let t0 = Instant::now();
         let (w, h) = (self.geometry.width, self.geometry.height);
         let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
         let pool = &self.pool;
@@ -196,12 +250,14 @@ impl CpuPipeline {
         self.statistics.gather(input.y, input.y_stride, w, h);
         let scene_score = self.detector.score_statistics(&self.statistics, w, h);
         let scene_cut = scene_score > p.scene_cut_threshold;
+        let t1 = Instant::now();
 
         // 2. Edge-preserving smoothing up to the edge iteration: these are the frame's features.
         let edge_iteration = p.edge_iteration.clamp(0, p.bilateral_iterations.max(0));
         for _ in 0..edge_iteration {
             self.bilateral_iteration(p);
         }
+        let t2 = Instant::now();
 
         // 3. Temporal filter of the features against the ring; the raw features join the ring.
         // Everything after this point (edges, further smoothing, quantization) works on the
@@ -218,12 +274,15 @@ impl CpuPipeline {
         });
         std::mem::swap(&mut self.l, &mut self.tmp_l);
         std::mem::swap(&mut self.uv, &mut self.tmp_uv);
+        let t3 = Instant::now();
 
         // 4. DoG edges of the filtered features, then the remaining smoothing iterations.
         self.edges(p);
+        let t4 = Instant::now();
         for _ in edge_iteration..p.bilateral_iterations.max(0) {
             self.bilateral_iteration(p);
         }
+        let t5 = Instant::now();
 
         // 4–6. Auto-levels, quantize, compose, pack.
         let levels = if p.auto_levels != 0 {
@@ -232,6 +291,15 @@ impl CpuPipeline {
             None
         };
         self.compose(p, levels, output);
+        let t6 = Instant::now();
+        self.times = StageTimes {
+            unpack_analysis: t1 - t0,
+            smoothing_to_edges: t2 - t1,
+            temporal: t3 - t2,
+            edges: t4 - t3,
+            smoothing_after_edges: t5 - t4,
+            compose: t6 - t5,
+        };
         FrameReport {
             scene_cut,
             scene_score,

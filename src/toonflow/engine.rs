@@ -1,5 +1,5 @@
 //! The element's engine: which backend runs (auto/cpu/cuda), building its processor for the
-//! negotiated format, falling back from CUDA to the CPU reference, and reconfiguring when caps
+//! negotiated format, falling back from CUDA to the fast CPU path, and reconfiguring when caps
 //! or properties change. No GStreamer callbacks here: imp.rs drives it and turns its errors
 //! and events into bus messages and log lines.
 
@@ -14,7 +14,8 @@ use crate::cuda::{self, CudaError, CudaPipeline, GpuFrameStats, PipelineEvent};
 use crate::neural::NeuralError;
 use crate::neural::engine::NeuralModel;
 use crate::neural::frame::{ColorMatrix, ColorRange, ConverterConfig};
-use crate::pipeline::cpu::{CpuPipeline, FrameReport};
+use crate::pipeline::cpu::FrameReport;
+use crate::pipeline::fast::CpuClassic;
 use crate::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut, Shape, StageParams, ToonParams};
 
 /// What the engine needs to know about the negotiated caps, read from them in one place.
@@ -167,14 +168,14 @@ pub enum Level {
 #[derive(Debug, Clone, PartialEq)]
 pub enum EngineEvent {
     Log(Level, String),
-    /// CUDA cannot be used (the reason): the CPU reference runs from now on. The element posts
+    /// CUDA cannot be used (the reason): the fast CPU path runs from now on. The element posts
     /// a warning on the bus.
     FellBack(String),
 }
 
 /// The per-stream processor.
 enum Processor {
-    ClassicCpu(Box<CpuPipeline>),
+    ClassicCpu(CpuClassic),
     ClassicCuda(Box<CudaPipeline>),
     NeuralCpu(Box<NeuralCpu>),
 }
@@ -255,7 +256,8 @@ pub struct Engine {
 
 impl Engine {
     /// Chooses the backend: backend=cuda fails without a usable device, backend=auto falls
-    /// back to the CPU reference (a [`EngineEvent::FellBack`]).
+    /// back to the fast CPU path (a [`EngineEvent::FellBack`]); backend=cpu-reference runs the
+    /// exact reference.
     ///
     /// With `model=` the model is loaded and checked first. The neural stage runs on the CPU
     /// reference: backend=auto says so with a warning, backend=cuda is an error.
@@ -264,7 +266,7 @@ impl Engine {
         let mut events = Vec::new();
         let model = Self::load_model(&settings.model.path, &mut events)?;
         let backend = match (settings.backend, &model) {
-            (BackendChoice::Cpu, _) => Backend::Cpu,
+            (BackendChoice::Cpu | BackendChoice::CpuReference, _) => Backend::Cpu,
             (BackendChoice::Cuda, Some((path, _))) => {
                 return Err(EngineError::NeuralNeedsCpu(path.clone()));
             }
@@ -512,7 +514,8 @@ impl Engine {
             }
             (Backend::Cpu, old) => {
                 drop(old); // the old planes go before the new ones are allocated
-                self.processor = Some(Self::classic_cpu(geometry, shape));
+                let cpu = self.classic_cpu(geometry, shape);
+                self.processor = Some(cpu);
                 Ok(())
             }
             (Backend::Cuda { .. }, Some(Processor::ClassicCuda(mut p))) => {
@@ -567,18 +570,30 @@ impl Engine {
             }),
             err if self.choice == BackendChoice::Auto => {
                 self.fall_back(&err);
-                self.processor = Some(Self::classic_cpu(geometry, shape));
+                let cpu = self.classic_cpu(geometry, shape);
+                self.processor = Some(cpu);
                 Ok(())
             }
             err => Err(EngineError::CudaInit(err)),
         }
     }
 
-    fn classic_cpu(geometry: FrameGeometry, shape: Shape) -> Processor {
-        Processor::ClassicCpu(Box::new(CpuPipeline::new(
-            geometry,
-            shape.temporal_history as usize,
-        )))
+    /// The classic CPU processor: the fast path, or the reference with backend=cpu-reference.
+    fn classic_cpu(&mut self, geometry: FrameGeometry, shape: Shape) -> Processor {
+        let reference = self.choice == BackendChoice::CpuReference;
+        let cpu = CpuClassic::new(geometry, shape.temporal_history as usize, reference);
+        self.log(
+            Level::Info,
+            match &cpu {
+                CpuClassic::Fast(p) => format!(
+                    "classic pipeline on the fast CPU path ({} kernels, {} threads)",
+                    p.isa_name(),
+                    p.threads()
+                ),
+                CpuClassic::Reference(_) => "classic pipeline on the CPU reference".into(),
+            },
+        );
+        Processor::ClassicCpu(cpu)
     }
 
     fn fall_back(&mut self, err: &CudaError) {
@@ -586,7 +601,7 @@ impl Engine {
         self.events.push(EngineEvent::FellBack(err.to_string()));
     }
 
-    /// Stylizes one frame. With backend=auto a GPU failure switches to the CPU reference for
+    /// Stylizes one frame. With backend=auto a GPU failure switches to the fast CPU path for
     /// this frame and the rest of the stream.
     pub fn process(
         &mut self,
@@ -643,10 +658,13 @@ impl Engine {
                 self.events.push(EngineEvent::FellBack(err.to_string()));
                 self.processor = None; // the GPU state goes before the CPU planes are allocated
                 let shape = stream.shape;
-                let mut cpu =
-                    CpuPipeline::new(stream.format.geometry, shape.temporal_history as usize);
+                let mut cpu = CpuClassic::new(
+                    stream.format.geometry,
+                    shape.temporal_history as usize,
+                    false,
+                );
                 let report = cpu.process(&stream.params, input, output);
-                self.processor = Some(Processor::ClassicCpu(Box::new(cpu)));
+                self.processor = Some(Processor::ClassicCpu(cpu));
                 Ok(FrameOutcome {
                     report,
                     gpu: None,
@@ -767,15 +785,19 @@ mod tests {
     }
 
     #[test]
-    fn cpu_backend_matches_the_cpu_pipeline_bit_for_bit() {
-        let settings = cpu_settings();
+    fn cpu_reference_backend_matches_the_cpu_pipeline_bit_for_bit() {
+        let settings = Settings {
+            backend: BackendChoice::CpuReference,
+            ..Settings::default()
+        };
         let mut engine = Engine::start(&settings).unwrap();
         assert_eq!(engine.backend(), Backend::Cpu);
         assert_eq!(engine.cuda_device(), None);
         let f = format(96, 64);
         engine.configure(f, &settings).unwrap();
         let g = f.geometry;
-        let mut reference = CpuPipeline::new(g, settings.stage.temporal_history as usize);
+        let mut reference =
+            crate::pipeline::cpu::CpuPipeline::new(g, settings.stage.temporal_history as usize);
         let params = ToonParams::new(&settings.stage, g.width as u32, g.height as u32);
         for t in 0..4 {
             let (got, outcome) = run(&mut engine, g, t);
@@ -791,6 +813,22 @@ mod tests {
             assert_eq!(outcome.report, report);
             assert!(outcome.gpu.is_none());
         }
+    }
+
+    #[test]
+    fn cpu_backend_runs_the_fast_path() {
+        let settings = cpu_settings();
+        let mut engine = Engine::start(&settings).unwrap();
+        let f = format(96, 64);
+        engine.configure(f, &settings).unwrap();
+        assert!(matches!(
+            &engine.processor,
+            Some(Processor::ClassicCpu(CpuClassic::Fast(_)))
+        ));
+        let (got, outcome) = run(&mut engine, f.geometry, 0);
+        assert!(outcome.gpu.is_none());
+        let (y, _) = frame(f.geometry, 0);
+        assert!(got.iter().zip(&y).filter(|(a, b)| a != b).count() > y.len() / 4);
     }
 
     #[test]

@@ -11,17 +11,25 @@ use crate::pipeline::{Precision, StageParams};
 pub enum BackendChoice {
     #[default]
     #[enum_value(
-        name = "Auto: CUDA where a driver and device exist, else the CPU reference",
+        name = "Auto: CUDA where a driver and device exist, else the fast CPU path",
         nick = "auto"
     )]
     Auto = 0,
-    #[enum_value(name = "CPU: the f32 reference implementation", nick = "cpu")]
+    #[enum_value(
+        name = "CPU: the fast CPU path (SIMD row kernels on every core)",
+        nick = "cpu"
+    )]
     Cpu = 1,
     #[enum_value(
         name = "CUDA: NVIDIA GPU through the CUDA driver (fails without one)",
         nick = "cuda"
     )]
     Cuda = 2,
+    #[enum_value(
+        name = "CPU reference: the exact f32 oracle the other backends are tested against (slow)",
+        nick = "cpu-reference"
+    )]
+    CpuReference = 3,
 }
 
 #[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
