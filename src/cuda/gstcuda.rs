@@ -202,6 +202,15 @@ impl GstCudaContext {
         unsafe { Self::from_full(raw) }
     }
 
+    /// The GstCudaContext a `gst.cuda.context` GstContext holds, whatever its device.
+    pub fn in_context(context: &gst::Context) -> Option<Self> {
+        if context.context_type() != CONTEXT_TYPE {
+            return None;
+        }
+        let object = context.structure().get::<glib::Object>(CONTEXT_TYPE).ok()?;
+        Some(GstCudaContext(object))
+    }
+
     /// Answers a `gst.cuda.context` context query with this context; false for other types.
     pub fn answer_query(&self, element: &gst::Element, query: &mut gst::QueryRef) -> bool {
         let Ok(api) = api() else { return false };
