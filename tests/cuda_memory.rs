@@ -178,19 +178,25 @@ fn system_memory_neighbours_keep_system_memory() {
 
 /// A 1080p H.264 clip (a photo with a moving ball over it), made with x264enc.
 fn h264_clip(dir: &TempDir, frames: u32) -> std::path::PathBuf {
+    h264_clip_sized(dir, frames, 1920, 1080)
+}
+
+fn h264_clip_sized(dir: &TempDir, frames: u32, w: u32, h: u32) -> std::path::PathBuf {
     let out = dir.path("clip.mp4");
     let photo = common::fixture("astronaut.png");
     let desc = format!(
-        "compositor name=mix ! video/x-raw,format=I420,width=1920,height=1080,framerate=30/1 \
+        "compositor name=mix ! video/x-raw,format=I420,width={w},height={h},framerate=30/1 \
          ! x264enc speed-preset=ultrafast key-int-max=30 ! h264parse ! mp4mux \
          ! filesink location=\"{}\" \
          filesrc location=\"{}\" ! decodebin ! videoconvert ! videoscale \
-         ! video/x-raw,width=1920,height=1080 ! imagefreeze num-buffers={frames} \
+         ! video/x-raw,width={w},height={h} ! imagefreeze num-buffers={frames} \
          ! video/x-raw,framerate=30/1 ! mix.sink_0 \
          videotestsrc pattern=ball num-buffers={frames} \
-         ! video/x-raw,width=480,height=360,framerate=30/1 ! mix.sink_1",
+         ! video/x-raw,width={bw},height={bh},framerate=30/1 ! mix.sink_1",
         out.display(),
-        photo.display()
+        photo.display(),
+        bw = w / 4,
+        bh = h / 3,
     );
     let pipeline = gst::parse::launch(&desc).unwrap();
     pipeline.set_state(gst::State::Playing).unwrap();
@@ -602,4 +608,62 @@ fn speed_1080p_with_cuda_memory_in_and_out() {
     assert_eq!(cuda.get::<u64>("download-bytes").unwrap(), 0);
     let system = run("video/x-raw ! fakesink sync=false", false);
     assert!(system.get::<u64>("upload-bytes").unwrap() > 0);
+}
+
+/// pipelines/nvcodec-file-to-file.sh as a user runs it: NVDEC → toonflow → NVENC (or x264 after
+/// cudadownload where the card has no NVENC); the output decodes to as many frames, and the
+/// statistics show no upload, and no download where NVENC encodes.
+#[test]
+fn nvcodec_script_restyles_a_clip() {
+    if !gpu_or_skip(&["nvh264dec", "cudaconvert", "cudadownload"]) {
+        return;
+    }
+    let dir = TempDir::new("zerocopy-script");
+    let clip = h264_clip_sized(&dir, 30, 640, 360);
+    let out = dir.path("out.mp4");
+    let script = common::repo_root().join("pipelines/nvcodec-file-to-file.sh");
+    let run = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(&clip)
+        .arg(&out)
+        .env("GST_PLUGIN_PATH", common::plugin_dir())
+        .env("STATS", "10")
+        .output()
+        .expect("bash");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(run.status.success() && !text.contains("ERROR"), "{text}");
+    let stats: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("toonflow-stats"))
+        .collect();
+    assert!(!stats.is_empty(), "no statistics printed:\n{text}");
+    let last = stats.last().unwrap();
+    assert!(last.contains("upload-bytes=(guint64)0"), "{last}");
+    // toonflow's output stays in CUDA memory for nvh264enc and for cudadownload alike.
+    assert!(last.contains("download-bytes=(guint64)0"), "{last}");
+    let nvenc = gst::ElementFactory::find("nvh264enc").is_some();
+    println!(
+        "{}",
+        text.lines()
+            .find(|l| l.contains("NVENC"))
+            .unwrap_or_default()
+    );
+    println!(
+        "encoder: {}",
+        if nvenc {
+            "nvh264enc"
+        } else {
+            "x264enc after cudadownload"
+        }
+    );
+    let (frames, _, _) = run_to_eos(&format!(
+        "filesrc location=\"{}\" ! qtdemux ! h264parse ! nvh264dec ! cudadownload \
+         ! video/x-raw,format=NV12 ! toonflow name=tf ! appsink name=sink sync=false",
+        out.display()
+    ));
+    assert_eq!(frames.len(), 30, "the restyled file holds every frame");
 }

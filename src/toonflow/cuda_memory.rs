@@ -93,6 +93,15 @@ pub fn transform_caps(
 ) -> gst::Caps {
     let mut other = Vec::new();
     let mut structures: Vec<gst::Structure> = Vec::new();
+    if caps.is_any() {
+        // (BaseTransform intersects peer caps with the pad template first, so rarely seen.)
+        other.extend([MemoryKind::Cuda, MemoryKind::System]);
+        structures.push(
+            gst::Structure::builder("video/x-raw")
+                .field("format", gst_video::VideoFormat::Nv12.to_str())
+                .build(),
+        );
+    }
     for (s, f) in caps.iter_with_features() {
         if f.is_any() {
             other.extend([MemoryKind::Cuda, MemoryKind::System]);
@@ -351,6 +360,40 @@ mod tests {
         assert_eq!(offered_kinds(&[Cuda, System], true), vec![Cuda, System]);
         // ANY (a sink that takes everything) reads as [Cuda, System].
         assert_eq!(offered_kinds(&[], true), vec![Cuda, System]);
+    }
+
+    #[test]
+    fn transform_caps_adds_the_other_memory_after_the_given_one() {
+        gst::init().unwrap();
+        let system: gst::Caps = "video/x-raw,format=NV12,width=64,height=48"
+            .parse()
+            .unwrap();
+        let out = transform_caps(&system, None, true);
+        let kinds: Vec<_> = out
+            .iter_with_features()
+            .map(|(_, f)| MemoryKind::of_features(Some(f)).unwrap())
+            .collect();
+        assert_eq!(kinds, vec![System, Cuda]);
+        assert_eq!(out.structure(1).unwrap().get::<i32>("width").unwrap(), 64);
+        let cuda: gst::Caps = "video/x-raw(memory:CUDAMemory),format=NV12,width=64,height=48"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            MemoryKind::of_caps(&transform_caps(&cuda, None, true)),
+            Cuda
+        );
+        let without = transform_caps(&cuda, None, false);
+        assert_eq!(without.size(), 1);
+        assert_eq!(MemoryKind::of_caps(&without), System);
+        // GL memory is not ours: nothing comes of it.
+        let gl: gst::Caps = "video/x-raw(memory:GLMemory),format=NV12".parse().unwrap();
+        assert!(transform_caps(&gl, None, true).is_empty());
+        // A filter keeps its own order.
+        let filter: gst::Caps = "video/x-raw(memory:CUDAMemory);video/x-raw"
+            .parse()
+            .unwrap();
+        let filtered = transform_caps(&system, Some(&filter), true);
+        assert_eq!(MemoryKind::of_caps(&filtered), Cuda);
     }
 
     #[test]
