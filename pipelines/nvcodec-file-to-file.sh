@@ -7,7 +7,8 @@
 # (the only copy of the frame to the host). ENCODER=x264 forces that path.
 #
 # Needs: gstreamer1.0-tools, -plugins-base/-good (qtdemux/matroskademux, mp4mux), -plugins-bad
-#        (nvcodec: nvh264dec/nvh265dec, cudaconvert, cudadownload, nvh264enc; libgstcuda-1.0),
+#        (nvcodec: nvh264dec/nvh265dec, cudadownload, nvh264enc, cudaconvert where present;
+#        libgstcuda-1.0),
 #        -plugins-ugly (x264enc, only without NVENC); the NVIDIA driver with NVDEC/NVENC
 #        (libnvcuvid, libnvidia-encode); the toonflow plugin on GST_PLUGIN_PATH (when that is
 #        unset, this script uses the repository's target/release).
@@ -30,7 +31,7 @@ case ${CODEC:-h264} in
   h265 | hevc) dec=nvh265dec ;;
   *) echo "$0: CODEC must be h264 or h265" >&2 && exit 2 ;;
 esac
-for e in "$dec" cudaconvert cudadownload toonflow; do
+for e in "$dec" cudadownload toonflow; do
   if ! gst-inspect-1.0 --exists "$e"; then
     echo "$0: no $e element (nvcodec needs an NVIDIA driver with NVDEC; toonflow its plugin)" >&2
     exit 1
@@ -52,10 +53,13 @@ fi
 
 stats=()
 [[ -n ${STATS:-} ]] && stats=(stats-interval="$STATS")
-# cudaconvert passes 8-bit NV12 through untouched and converts 10-bit or 4:4:4 on the GPU.
+# cudaconvert (registered where GStreamer finds NVRTC) passes 8-bit NV12 through untouched and
+# converts 10-bit or 4:4:4 on the GPU; without it the input must decode to 8-bit 4:2:0.
+convert=()
+gst-inspect-1.0 --exists cudaconvert && convert=(cudaconvert !)
 # shellcheck disable=SC2086 # TOONFLOW is a list of property=value words
 exec gst-launch-1.0 -e ${STATS:+-m} \
   filesrc location="$in" ! parsebin ! "$dec" \
-  ! cudaconvert ! "video/x-raw(memory:CUDAMemory),format=NV12" \
+  ! "${convert[@]}" "video/x-raw(memory:CUDAMemory),format=NV12" \
   ! toonflow ${TOONFLOW:-} "${stats[@]}" \
   ! "${enc[@]}" ! h264parse ! queue ! mp4mux ! filesink location="$out"

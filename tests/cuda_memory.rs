@@ -394,8 +394,10 @@ fn state_cycles_and_renegotiation_keep_device_memory_flat() {
     if !gpu_or_skip(&["cudaupload", "cudadownload"]) {
         return;
     }
+    // (cudaupload passes system memory through when downstream takes it: ask for CUDA memory.)
     let desc = "videotestsrc num-buffers=3 pattern=ball ! video/x-raw,format=NV12,width=640,height=360 \
-                ! cudaupload ! toonflow name=tf ! cudadownload ! fakesink";
+                ! cudaupload ! video/x-raw(memory:CUDAMemory) ! toonflow name=tf ! cudadownload \
+                ! fakesink";
     let cycle = || {
         let pipeline = gst::parse::launch(desc).unwrap();
         pipeline.set_state(gst::State::Playing).unwrap();
@@ -443,7 +445,8 @@ fn state_cycles_and_renegotiation_keep_device_memory_flat() {
     let pipeline = gst::parse::launch(
         "videotestsrc pattern=ball is-live=true ! capsfilter name=cf \
          caps=video/x-raw,format=NV12,width=640,height=360,framerate=120/1 \
-         ! cudaupload ! toonflow name=tf ! cudadownload ! fakesink sync=false",
+         ! cudaupload ! video/x-raw(memory:CUDAMemory) ! toonflow name=tf ! cudadownload \
+         ! fakesink sync=false",
     )
     .unwrap();
     let bin = pipeline.downcast_ref::<gst::Bin>().unwrap();
@@ -557,7 +560,11 @@ fn speed_1080p_with_cuda_memory_in_and_out() {
     }
     let frames = 3000;
     let run = |tail: &str, cuda: bool| {
-        let upload = if cuda { "cudaupload !" } else { "" };
+        let upload = if cuda {
+            "cudaupload ! video/x-raw(memory:CUDAMemory) !"
+        } else {
+            ""
+        };
         let desc = format!(
             "videotestsrc num-buffers=1 pattern=smpte ! video/x-raw,format=NV12,width=1920,height=1080 \
              ! imagefreeze num-buffers={frames} ! {upload} toonflow name=tf ! {tail}"
@@ -615,7 +622,7 @@ fn speed_1080p_with_cuda_memory_in_and_out() {
 /// statistics show no upload, and no download where NVENC encodes.
 #[test]
 fn nvcodec_script_restyles_a_clip() {
-    if !gpu_or_skip(&["nvh264dec", "cudaconvert", "cudadownload"]) {
+    if !gpu_or_skip(&["nvh264dec", "cudadownload"]) {
         return;
     }
     let dir = TempDir::new("zerocopy-script");

@@ -129,6 +129,28 @@ pub fn transform_caps(
     }
 }
 
+/// `caps` with the structures of memory `first` moved to the front (order otherwise kept).
+/// Neighbours such as cudaupload/cudadownload list system memory first in their caps, and
+/// BaseTransform keeps the peer's order when it fixates; this puts toonflow's own preference
+/// ([`offered_kinds`]) back in charge of the output.
+pub fn prefer(caps: &gst::Caps, first: MemoryKind) -> gst::Caps {
+    let mut front = gst::Caps::new_empty();
+    let mut back = gst::Caps::new_empty();
+    for (s, f) in caps.iter_with_features() {
+        let target = if MemoryKind::of_features(Some(f)) == Some(first) {
+            &mut front
+        } else {
+            &mut back
+        };
+        target
+            .get_mut()
+            .expect("new caps are writable")
+            .append_structure_full(s.to_owned(), Some(f.to_owned()));
+    }
+    front.get_mut().expect("new caps are writable").append(back);
+    front
+}
+
 /// The pad templates' caps: `structure` in CUDA memory, then in system memory.
 pub fn template_caps(structure: gst::Structure) -> gst::Caps {
     let mut caps = gst::Caps::new_empty();
@@ -394,6 +416,21 @@ mod tests {
             .unwrap();
         let filtered = transform_caps(&system, Some(&filter), true);
         assert_eq!(MemoryKind::of_caps(&filtered), Cuda);
+    }
+
+    #[test]
+    fn prefer_moves_one_memory_to_the_front() {
+        gst::init().unwrap();
+        let caps: gst::Caps =
+            "video/x-raw,width=8;video/x-raw(memory:CUDAMemory),width=8;video/x-raw,width=16"
+                .parse()
+                .unwrap();
+        let p = prefer(&caps, Cuda);
+        assert_eq!(MemoryKind::of_caps(&p), Cuda);
+        assert_eq!(p.size(), 3);
+        assert_eq!(p.structure(1).unwrap().get::<i32>("width").unwrap(), 8);
+        assert_eq!(p.structure(2).unwrap().get::<i32>("width").unwrap(), 16);
+        assert_eq!(MemoryKind::of_caps(&prefer(&p, System)), System);
     }
 
     #[test]

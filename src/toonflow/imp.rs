@@ -354,6 +354,19 @@ impl BaseTransformImpl for Toonflow {
         ))
     }
 
+    fn fixate_caps(
+        &self,
+        direction: gst::PadDirection,
+        caps: &gst::Caps,
+        othercaps: gst::Caps,
+    ) -> gst::Caps {
+        // Our memory preference, not the peer's caps order, picks the other pad's memory.
+        let kinds =
+            cuda_memory::offered_kinds(&[MemoryKind::of_caps(caps)], self.cuda_caps_offered());
+        let othercaps = cuda_memory::prefer(&othercaps, kinds[0]);
+        self.parent_fixate_caps(direction, caps, othercaps)
+    }
+
     fn propose_allocation(
         &self,
         decide_query: Option<&gst::query::Allocation>,
