@@ -26,13 +26,16 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 [[ -z ${GST_PLUGIN_PATH:-} && -f $here/target/release/libgsttoonflow.so ]] &&
   export GST_PLUGIN_PATH="$here/target/release"
 
+# (gst-inspect's --exists alone also asks for GStreamer's version, which toonflow's 0.x is not.)
+have() { gst-inspect-1.0 "$1" >/dev/null 2>&1; }
+
 case ${CODEC:-h264} in
   h264) dec=nvh264dec ;;
   h265 | hevc) dec=nvh265dec ;;
   *) echo "$0: CODEC must be h264 or h265" >&2 && exit 2 ;;
 esac
 for e in "$dec" cudadownload toonflow; do
-  if ! gst-inspect-1.0 --exists "$e"; then
+  if ! have "$e"; then
     echo "$0: no $e element (nvcodec needs an NVIDIA driver with NVDEC; toonflow its plugin)" >&2
     exit 1
   fi
@@ -40,7 +43,7 @@ done
 
 bitrate=${BITRATE:-6000}
 encoder=${ENCODER:-auto}
-if [[ $encoder != x264 ]] && gst-inspect-1.0 --exists nvh264enc; then
+if [[ $encoder != x264 ]] && have nvh264enc; then
   echo "$0: NVENC (nvh264enc): decode, toonflow and encode all in CUDA memory" >&2
   enc=(nvh264enc bitrate="$bitrate")
 elif [[ $encoder == nvenc ]]; then
@@ -56,7 +59,7 @@ stats=()
 # cudaconvert (registered where GStreamer finds NVRTC) passes 8-bit NV12 through untouched and
 # converts 10-bit or 4:4:4 on the GPU; without it the input must decode to 8-bit 4:2:0.
 convert=()
-gst-inspect-1.0 --exists cudaconvert && convert=(cudaconvert !)
+have cudaconvert && convert=(cudaconvert !)
 # shellcheck disable=SC2086 # TOONFLOW is a list of property=value words
 exec gst-launch-1.0 -e ${STATS:+-m} \
   filesrc location="$in" ! parsebin ! "$dec" \
