@@ -17,7 +17,10 @@ use gst::glib;
 use gst::prelude::*;
 
 /// Every file in pipelines/ and the test that runs it.
-const TESTED_ELSEWHERE: &[(&str, &str)] = &[("rtmp-relay.sh", "tests/relay.rs")];
+const TESTED_ELSEWHERE: &[(&str, &str)] = &[
+    ("rtmp-relay.sh", "tests/relay.rs"),
+    ("nvcodec-file-to-file.sh", "tests/cuda_memory.rs"),
+];
 const TESTED_HERE: &[&str] = &[
     "file-to-file.sh",
     "test-pattern-to-window.sh",

@@ -8,6 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
+use cudarc::driver::sys::{CUcontext, CUdevice};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
@@ -89,6 +90,43 @@ pub fn context(device_id: usize) -> Result<Arc<CudaContext>, CudaError> {
     })?;
     map.insert(device_id, ctx.clone());
     Ok(ctx)
+}
+
+/// A CUDA context this process did not create (a GstCudaContext's, found in the pipeline) as a
+/// cudarc context, so toonflow's kernels and copies run in it. Our own primary context of the
+/// device is returned when that is what `raw` is.
+///
+/// cudarc would destroy a context it wraps when its last `Arc` goes; the context belongs to its
+/// GstCudaContext, so one `Arc` is deliberately leaked (a few bytes per adoption): the caller
+/// keeps the GstCudaContext alive for as long as it uses the returned context.
+///
+/// # Safety
+/// `raw` is a live context on device `device_id` and outlives every use of the result.
+pub unsafe fn adopt(device_id: usize, raw: CUcontext) -> Result<Arc<CudaContext>, CudaError> {
+    libraries_present()?;
+    if let Some(own) = CONTEXTS.lock().get(&device_id)
+        && own.cu_ctx() == raw
+    {
+        return Ok(own.clone());
+    }
+    guard("adopting the pipeline's CUDA context", || {
+        cudarc::driver::result::init().map_err(driver("cuInit"))?;
+        let device =
+            cudarc::driver::result::device::get(device_id as i32).map_err(driver("cuDeviceGet"))?;
+        // SAFETY: the caller guarantees `raw` is a live context of this device; the leaked
+        // clone below keeps cudarc from ever destroying it.
+        let ctx = unsafe { CudaContext::from_raw_context(device_id, device, raw) }
+            .map_err(driver("binding the pipeline's context"))?;
+        // SAFETY: as in `context`: streams never share buffers without synchronising.
+        unsafe { ctx.disable_event_tracking() };
+        std::mem::forget(ctx.clone());
+        Ok(ctx)
+    })
+}
+
+/// The device handle (`CUdevice`) of a context.
+pub fn device_of(ctx: &Arc<CudaContext>) -> CUdevice {
+    ctx.cu_device()
 }
 
 /// Name and compute capability of the device.

@@ -1,5 +1,6 @@
-//! Asynchronous host↔device copies on a stream: contiguous blocks and 2D planes whose pitches
-//! differ (a GStreamer frame's stride against the tightly packed device plane).
+//! Asynchronous host↔device and device↔device copies on a stream: contiguous blocks and 2D
+//! planes whose pitches differ (a GStreamer frame's stride against the tightly packed device
+//! plane).
 //!
 //! All are `unsafe`: the driver reads and writes raw addresses. Each function's `# Safety`
 //! says what the caller guarantees.
@@ -97,6 +98,38 @@ pub(crate) unsafe fn copy_2d_d2h(
         CU_MEMORYTYPE_HOST,
         dst,
         0,
+        dst_pitch,
+        width,
+        rows,
+    );
+    // SAFETY: `c` is fully initialised and describes ranges the caller guarantees.
+    unsafe { sys::cuMemcpy2DAsync_v2(&c, stream).result() }
+}
+
+/// Copies `rows` rows of `width` bytes between two device allocations of the stream's context
+/// (a GstCudaMemory frame and the arena): no PCIe traffic.
+///
+/// # Safety
+/// Every source and destination row lies in one device allocation of the stream's context, and
+/// both stay valid until the stream reaches the copy.
+pub(crate) unsafe fn copy_2d_d2d(
+    stream: sys::CUstream,
+    src: CUdeviceptr,
+    src_pitch: usize,
+    dst: CUdeviceptr,
+    dst_pitch: usize,
+    width: usize,
+    rows: usize,
+) -> Result<(), DriverError> {
+    use sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    let c = memcpy_2d(
+        CU_MEMORYTYPE_DEVICE,
+        std::ptr::null(),
+        src,
+        src_pitch,
+        CU_MEMORYTYPE_DEVICE,
+        std::ptr::null_mut(),
+        dst,
         dst_pitch,
         width,
         rows,

@@ -115,10 +115,15 @@ pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaEr
 }
 
 /// The kernels of `precision` loaded into `ctx` (compiled on first use in this process).
+/// Modules of the primary contexts are cached; a pipeline's adopted context (a GstCudaContext
+/// that may be destroyed and its address reused) loads its own from the cached PTX.
 pub fn kernels(ctx: &Arc<CudaContext>, precision: Precision) -> Result<Arc<Kernels>, CudaError> {
     let key = (ctx.ordinal(), precision);
     let mut modules = MODULES.lock();
-    if let Some(k) = modules.get(&key).filter(|_| !injected(Fault::Compile)) {
+    if let Some(k) = modules
+        .get(&key)
+        .filter(|_| ctx.is_primary() && !injected(Fault::Compile))
+    {
         return Ok(k.clone());
     }
     let (_, (major, minor)) = describe(ctx)?;
@@ -147,7 +152,9 @@ pub fn kernels(ctx: &Arc<CudaContext>, precision: Precision) -> Result<Arc<Kerne
         })
     })?;
     let k = Arc::new(k);
-    modules.insert(key, k.clone());
+    if ctx.is_primary() {
+        modules.insert(key, k.clone());
+    }
     Ok(k)
 }
 

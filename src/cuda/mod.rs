@@ -1,13 +1,15 @@
 //! CUDA backend (cudarc): context, kernel build, memory plan, graph cache.
 //!
 //! The element talks to this module only through [`probe`], [`CudaPipeline`] and
-//! [`PinnedHostBuffer`]. Nothing here depends on GStreamer: what should be logged is returned
+//! [`PinnedHostBuffer`]. Nothing here but `gstcuda` depends on GStreamer: what should be logged is returned
 //! by [`CudaPipeline::take_events`].
 //!
 //! Files: `abi` (blocks and constants shared with the kernels), `context` (one context per
 //! device), `kernels` (NVRTC build), `plan` (the classic pipeline's memory plan), `graph` (graph
 //! cache and capture), `launch` (a frame's launches), `copy` (host↔device copies), `pinned`
-//! (page-locked host memory), `pipeline` ([`CudaPipeline`]), `error` ([`CudaError`]).
+//! (page-locked host memory), `pipeline` ([`CudaPipeline`]), `error` ([`CudaError`]),
+//! `gstcuda` (libgstcuda-1.0 loaded at run time: GstCudaContext, GstCudaMemory, its pool; the
+//! one GStreamer-aware file here).
 
 pub mod abi;
 pub mod context;
@@ -15,6 +17,7 @@ mod copy;
 mod error;
 pub mod fault;
 pub mod graph;
+pub mod gstcuda;
 pub mod kernels;
 mod launch;
 mod pinned;
@@ -24,7 +27,10 @@ pub mod plan;
 pub use error::{CudaError, MemoryShortfall};
 pub use graph::GraphKey;
 pub use pinned::{PinnedHostBuffer, is_page_locked};
-pub use pipeline::{CudaPipeline, GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES, PipelineEvent};
+pub use pipeline::{
+    CudaPipeline, DeviceNv12, FrameSource, FrameTarget, GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES,
+    PipelineEvent,
+};
 pub use plan::MemoryPlan;
 
 /// Per-frame figures of the GPU path.
@@ -43,12 +49,24 @@ pub struct GpuFrameStats {
     pub host_time_us: f64,
     pub upload_time_us: f64,
     pub download_time_us: f64,
+    /// Bytes of the frame that crossed PCIe host→device (0 when it came in device memory).
+    pub upload_bytes: u64,
+    /// Bytes of the frame that crossed PCIe device→host (0 when it left in device memory).
+    pub download_bytes: u64,
+    /// Device-to-device copies between GstCudaMemory frames and the arena (CUDA events).
+    pub device_copy_time_us: f64,
 }
 
 /// Checks, without any call that could panic, that libcuda and NVRTC load and that `device_id`
 /// exists. Returns the device's name. Creates (once per process) the device's primary context.
 pub fn probe(device_id: usize) -> Result<String, CudaError> {
-    let ctx = context::context(device_id)?;
-    let (name, (major, minor)) = context::describe(&ctx)?;
+    probe_context(&context::context(device_id)?)
+}
+
+/// [`probe`] for a context the pipeline shares (see [`context::adopt`]).
+pub fn probe_context(
+    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+) -> Result<String, CudaError> {
+    let (name, (major, minor)) = context::describe(ctx)?;
     Ok(format!("{name} (sm_{major}{minor})"))
 }

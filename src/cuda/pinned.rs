@@ -23,7 +23,11 @@ unsafe impl Sync for PinnedHostBuffer {}
 impl PinnedHostBuffer {
     /// `len` bytes of page-locked memory registered with `device_id`'s context, zeroed.
     pub fn new(device_id: usize, len: usize) -> Result<Self, CudaError> {
-        let ctx = context(device_id)?;
+        Self::in_context(context(device_id)?, len)
+    }
+
+    /// `len` bytes of page-locked memory registered with `ctx`, zeroed.
+    pub fn in_context(ctx: Arc<CudaContext>, len: usize) -> Result<Self, CudaError> {
         let bytes = len.max(1);
         guard("cuMemHostAlloc", || {
             ctx.bind_to_thread()

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result};
 use super::GpuFrameStats;
 use super::abi::{CONTROL_OFFSET, TfControl, TfFrame};
 use super::context::{context, describe, guard, memory_info};
-use super::copy::{copy_2d_d2h, copy_2d_h2d, copy_d2h, copy_h2d};
+use super::copy::{copy_2d_d2d, copy_2d_d2h, copy_2d_h2d, copy_d2h, copy_h2d};
 use super::error::{CudaError, MemoryShortfall, driver};
 use super::fault::{Fault, injected};
 use super::graph::{GraphCache, GraphKey, OwnedGraph, Ran};
@@ -47,6 +47,41 @@ pub enum PipelineEvent {
     GraphCaptureFailed { key: String, reason: String },
     /// The least recently used graph was dropped.
     GraphEvicted { key: String },
+}
+
+/// The two NV12 planes of a frame in device memory of the pipeline's context (a mapped
+/// GstCudaMemory): addresses and row pitches in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceNv12 {
+    pub y: CUdeviceptr,
+    pub y_pitch: usize,
+    pub uv: CUdeviceptr,
+    pub uv_pitch: usize,
+}
+
+impl DeviceNv12 {
+    fn check(&self, width: usize, what: &str) -> Result<(), CudaError> {
+        if self.y == 0 || self.uv == 0 || self.y_pitch < width || self.uv_pitch < width {
+            return Err(CudaError::Failed(format!(
+                "{what} device frame {self:?} does not hold rows of {width} bytes"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Where a frame comes from: host memory (uploaded over PCIe) or device memory of the
+/// pipeline's context (copied on the device into the arena).
+pub enum FrameSource<'a, 'b> {
+    Host(&'a Nv12Frame<'b>),
+    Device(DeviceNv12),
+}
+
+/// Where a frame goes: host memory (downloaded over PCIe) or device memory of the pipeline's
+/// context.
+pub enum FrameTarget<'a, 'b> {
+    Host(&'a mut Nv12FrameMut<'b>),
+    Device(DeviceNv12),
 }
 
 /// The one device allocation of a pipeline.
@@ -132,6 +167,13 @@ fn precision_name(s: &Shape) -> String {
     }
 }
 
+fn geometry_error(got: FrameGeometry, want: FrameGeometry) -> CudaError {
+    CudaError::Failed(format!(
+        "frame geometry {}x{} differs from the pipeline's {}x{}",
+        got.width, got.height, want.width, want.height
+    ))
+}
+
 /// One element instance's GPU state: stream, arena, graph cache and temporal ring.
 pub struct CudaPipeline {
     // Field order is drop order: graphs go before the arena their kernels address.
@@ -169,6 +211,7 @@ impl std::fmt::Debug for CudaPipeline {
 }
 
 impl CudaPipeline {
+    /// A pipeline in the process's primary context of `device_id`.
     pub fn new(
         device_id: usize,
         geometry: FrameGeometry,
@@ -176,6 +219,20 @@ impl CudaPipeline {
         max_device_memory: u64,
         use_graph: bool,
     ) -> Result<Self, CudaError> {
+        let ctx = context(device_id)?;
+        Self::new_in(ctx, geometry, shape, max_device_memory, use_graph)
+    }
+
+    /// A pipeline in `ctx` (the primary context, or the pipeline's shared GstCudaContext's,
+    /// see [`super::context::adopt`]), whose device memory it can then read and write.
+    pub fn new_in(
+        ctx: Arc<CudaContext>,
+        geometry: FrameGeometry,
+        shape: Shape,
+        max_device_memory: u64,
+        use_graph: bool,
+    ) -> Result<Self, CudaError> {
+        let device_id = ctx.ordinal();
         if geometry.width != shape.width as usize || geometry.height != shape.height as usize {
             return Err(CudaError::Failed(format!(
                 "geometry {}x{} differs from the shape's {}x{}",
@@ -184,10 +241,9 @@ impl CudaPipeline {
         }
         let plan = classic_plan(&shape);
         check_cap(&plan, max_device_memory)?;
-        let ctx = context(device_id)?;
         let (device_name, _) = describe(&ctx)?;
         let kernels = kernels(&ctx, shape.precision)?;
-        let host = PinnedHostBuffer::new(device_id, HOST_BYTES)?;
+        let host = PinnedHostBuffer::in_context(ctx.clone(), HOST_BYTES)?;
         let (stream, events) = guard("creating the stream", || {
             let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
             let ev = || {
@@ -336,6 +392,24 @@ impl CudaPipeline {
         input: &Nv12Frame,
         output: &mut Nv12FrameMut,
     ) -> Result<FrameReport, CudaError> {
+        self.process_frames(params, FrameSource::Host(input), FrameTarget::Host(output))
+    }
+
+    /// The CUDA context the pipeline runs in (device frames must belong to it).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Stylizes one frame read from host or device memory into host or device memory. Device
+    /// frames are copied on the device (pitches respected), so no PCIe copy of the frame takes
+    /// place for them; the stream is synchronised before return, so a device output may be
+    /// read by any stream of the context (GStreamer 1.22 has no stream handover).
+    pub fn process_frames(
+        &mut self,
+        params: &ToonParams,
+        input: FrameSource,
+        output: FrameTarget,
+    ) -> Result<FrameReport, CudaError> {
         if self.arena.is_none() {
             return Err(CudaError::Failed(format!(
                 "no device memory for {}: the last shape change failed to allocate it; set a \
@@ -348,15 +422,6 @@ impl CudaPipeline {
             width: w,
             height: h,
         };
-        if input.geometry != g || output.geometry != g {
-            return Err(CudaError::Failed(format!(
-                "frame geometry {}x{} / {}x{} differs from the pipeline's {w}x{h}",
-                input.geometry.width,
-                input.geometry.height,
-                output.geometry.width,
-                output.geometry.height
-            )));
-        }
         if params.width as usize != w
             || params.height as usize != h
             || params.bilateral_iterations != self.iterations() as i32
@@ -371,16 +436,32 @@ impl CudaPipeline {
             )));
         }
         // Re-check the planes (the fields are public): no copy may run past a slice.
-        Nv12Frame::new(g, input.y, input.y_stride, input.uv, input.uv_stride)
-            .map_err(|e| CudaError::Failed(format!("input frame: {e}")))?;
-        Nv12Frame::new(
-            g,
-            &*output.y,
-            output.y_stride,
-            &*output.uv,
-            output.uv_stride,
-        )
-        .map_err(|e| CudaError::Failed(format!("output frame: {e}")))?;
+        match &input {
+            FrameSource::Host(input) => {
+                if input.geometry != g {
+                    return Err(geometry_error(input.geometry, g));
+                }
+                Nv12Frame::new(g, input.y, input.y_stride, input.uv, input.uv_stride)
+                    .map_err(|e| CudaError::Failed(format!("input frame: {e}")))?;
+            }
+            FrameSource::Device(d) => d.check(w, "input")?,
+        }
+        match &output {
+            FrameTarget::Host(output) => {
+                if output.geometry != g {
+                    return Err(geometry_error(output.geometry, g));
+                }
+                Nv12Frame::new(
+                    g,
+                    &*output.y,
+                    output.y_stride,
+                    &*output.uv,
+                    output.uv_stride,
+                )
+                .map_err(|e| CudaError::Failed(format!("output frame: {e}")))?;
+            }
+            FrameTarget::Device(d) => d.check(w, "output")?,
+        }
         let host_start = Instant::now();
         let r = guard("processing a frame", || {
             self.process_inner(params, input, output)
@@ -394,8 +475,8 @@ impl CudaPipeline {
     fn process_inner(
         &mut self,
         params: &ToonParams,
-        input: &Nv12Frame,
-        output: &mut Nv12FrameMut,
+        input: FrameSource,
+        output: FrameTarget,
     ) -> Result<FrameReport, CudaError> {
         let (w, h) = (self.shape.width as usize, self.shape.height as usize);
         let ch = h / 2;
@@ -426,60 +507,82 @@ impl CudaPipeline {
             .map_err(driver("parameter upload"))?;
         }
         self.events[0].record(&s).map_err(driver("cuEventRecord"))?;
-        // SAFETY: `Nv12Frame::new` checked that the planes hold `h` (`ch`) rows of `w` bytes
-        // `y_stride` (`uv_stride`) apart; "nv12-in" holds w·h + w·ch bytes; the input outlives
-        // the synchronisation below.
-        unsafe {
-            copy_2d_h2d(
-                cs,
-                input.y.as_ptr(),
-                input.y_stride,
-                self.ptrs.nv12_in,
-                w,
-                w,
-                h,
-            )
-            .map_err(driver("Y upload"))?;
-            copy_2d_h2d(
-                cs,
-                input.uv.as_ptr(),
-                input.uv_stride,
-                self.ptrs.nv12_in + (w * h) as u64,
-                w,
-                w,
-                ch,
-            )
-            .map_err(driver("UV upload"))?;
-        }
+        let frame_bytes = (w * h + w * ch) as u64;
+        let nv12_in_uv = self.ptrs.nv12_in + (w * h) as u64;
+        let upload_bytes = match input {
+            // SAFETY: `Nv12Frame::new` checked that the planes hold `h` (`ch`) rows of `w` bytes
+            // `y_stride` (`uv_stride`) apart; "nv12-in" holds w·h + w·ch bytes; the input
+            // outlives the synchronisation below.
+            FrameSource::Host(input) => unsafe {
+                copy_2d_h2d(
+                    cs,
+                    input.y.as_ptr(),
+                    input.y_stride,
+                    self.ptrs.nv12_in,
+                    w,
+                    w,
+                    h,
+                )
+                .map_err(driver("Y upload"))?;
+                copy_2d_h2d(cs, input.uv.as_ptr(), input.uv_stride, nv12_in_uv, w, w, ch)
+                    .map_err(driver("UV upload"))?;
+                frame_bytes
+            },
+            // SAFETY: the caller mapped a frame of this geometry in this context (rows of at
+            // least `w` bytes, checked, `pitch` apart) that stays mapped until we return.
+            FrameSource::Device(d) => unsafe {
+                copy_2d_d2d(cs, d.y, d.y_pitch, self.ptrs.nv12_in, w, w, h)
+                    .map_err(driver("Y device copy in"))?;
+                copy_2d_d2d(cs, d.uv, d.uv_pitch, nv12_in_uv, w, w, ch)
+                    .map_err(driver("UV device copy in"))?;
+                0
+            },
+        };
         self.events[1].record(&s).map_err(driver("cuEventRecord"))?;
 
         let key = self.graph_key(params);
         let replayed = self.run_frame(&key)?;
 
         self.events[2].record(&s).map_err(driver("cuEventRecord"))?;
-        // SAFETY: as for the upload, with "nv12-out" as the source; the output planes and the
-        // staging block are not read before the synchronisation below. "frame" holds a TfFrame.
+        let nv12_out_uv = self.ptrs.nv12_out + (w * h) as u64;
+        let download_bytes = match output {
+            // SAFETY: as for the upload, with "nv12-out" as the source; the output planes are
+            // not read before the synchronisation below.
+            FrameTarget::Host(output) => unsafe {
+                copy_2d_d2h(
+                    cs,
+                    self.ptrs.nv12_out,
+                    w,
+                    output.y.as_mut_ptr(),
+                    output.y_stride,
+                    w,
+                    h,
+                )
+                .map_err(driver("Y download"))?;
+                copy_2d_d2h(
+                    cs,
+                    nv12_out_uv,
+                    w,
+                    output.uv.as_mut_ptr(),
+                    output.uv_stride,
+                    w,
+                    ch,
+                )
+                .map_err(driver("UV download"))?;
+                frame_bytes
+            },
+            // SAFETY: as for a device input; the output frame is mapped writable.
+            FrameTarget::Device(d) => unsafe {
+                copy_2d_d2d(cs, self.ptrs.nv12_out, w, d.y, d.y_pitch, w, h)
+                    .map_err(driver("Y device copy out"))?;
+                copy_2d_d2d(cs, nv12_out_uv, w, d.uv, d.uv_pitch, w, ch)
+                    .map_err(driver("UV device copy out"))?;
+                0
+            },
+        };
+        // SAFETY: "frame" holds a TfFrame; the staging block is not read before the
+        // synchronisation below.
         unsafe {
-            copy_2d_d2h(
-                cs,
-                self.ptrs.nv12_out,
-                w,
-                output.y.as_mut_ptr(),
-                output.y_stride,
-                w,
-                h,
-            )
-            .map_err(driver("Y download"))?;
-            copy_2d_d2h(
-                cs,
-                self.ptrs.nv12_out + (w * h) as u64,
-                w,
-                output.uv.as_mut_ptr(),
-                output.uv_stride,
-                w,
-                ch,
-            )
-            .map_err(driver("UV download"))?;
             copy_d2h(
                 cs,
                 self.ptrs.frame,
@@ -499,9 +602,20 @@ impl CudaPipeline {
                 .map(|v| v as f64 * 1e3)
                 .unwrap_or(0.0)
         };
-        let up = ms(0, 1);
+        let input_copy = ms(0, 1);
         let gpu = ms(1, 2);
-        let down = ms(2, 3);
+        let output_copy = ms(2, 3);
+        // PCIe transfers are what the host side costs; device copies are reported apart.
+        let (up, in_device) = if upload_bytes > 0 {
+            (input_copy, 0.0)
+        } else {
+            (0.0, input_copy)
+        };
+        let (down, out_device) = if download_bytes > 0 {
+            (output_copy, 0.0)
+        } else {
+            (0.0, output_copy)
+        };
         self.frames += 1;
         if self.frames % 64 == 1 {
             self.device_free = memory_info(&self.ctx)
@@ -519,6 +633,9 @@ impl CudaPipeline {
             host_time_us: 0.0,
             upload_time_us: up,
             download_time_us: down,
+            upload_bytes,
+            download_bytes,
+            device_copy_time_us: in_device + out_device,
         };
         Ok(FrameReport {
             scene_cut: fb.scene_cut != 0,

@@ -10,7 +10,11 @@ use thiserror::Error;
 
 use super::neural_cpu::{self, NeuralCpu, NeuralFrameStats, NeuralTemporalParams};
 use super::settings::{BackendChoice, Settings};
-use crate::cuda::{self, CudaError, CudaPipeline, GpuFrameStats, PipelineEvent};
+use cudarc::driver::CudaContext;
+
+use crate::cuda::{
+    self, CudaError, CudaPipeline, FrameSource, FrameTarget, GpuFrameStats, PipelineEvent,
+};
 use crate::neural::NeuralError;
 use crate::neural::engine::NeuralModel;
 use crate::neural::frame::{ColorMatrix, ColorRange, ConverterConfig};
@@ -252,6 +256,9 @@ pub struct Engine {
     stream: Option<Stream>,
     processor: Option<Processor>,
     events: Vec<EngineEvent>,
+    /// The CUDA context shared with the pipeline (nvcodec's GstCudaContext); `None`: the
+    /// process's primary context of the device.
+    cuda_context: Option<Arc<CudaContext>>,
 }
 
 impl Engine {
@@ -261,7 +268,17 @@ impl Engine {
     ///
     /// With `model=` the model is loaded and checked first. The neural stage runs on the CPU
     /// reference: backend=auto says so with a warning, backend=cuda is an error.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn start(settings: &Settings) -> Result<Engine, EngineError> {
+        Self::start_in(settings, None)
+    }
+
+    /// [`Engine::start`] with the CUDA context the pipeline shares (zero-copy with nvcodec):
+    /// the CUDA backend then runs in it instead of the primary context.
+    pub fn start_in(
+        settings: &Settings,
+        cuda_context: Option<Arc<CudaContext>>,
+    ) -> Result<Engine, EngineError> {
         let device_id = settings.device_id;
         let mut events = Vec::new();
         let model = Self::load_model(&settings.model.path, &mut events)?;
@@ -276,7 +293,10 @@ impl Engine {
                 ));
                 Backend::Cpu
             }
-            (choice, None) => match cuda::probe(device_id as usize) {
+            (choice, None) => match cuda_context
+                .as_ref()
+                .map_or_else(|| cuda::probe(device_id as usize), cuda::probe_context)
+            {
                 Ok(name) => {
                     events.push(EngineEvent::Log(
                         Level::Info,
@@ -302,6 +322,7 @@ impl Engine {
             stream: None,
             processor: None,
             events,
+            cuda_context,
         })
     }
 
@@ -535,13 +556,19 @@ impl Engine {
             }
             (Backend::Cuda { device_id }, old) => {
                 drop(old);
-                match CudaPipeline::new(
-                    device_id as usize,
-                    geometry,
-                    shape,
-                    self.max_device_memory,
-                    self.use_graph,
-                ) {
+                let ctx = match &self.cuda_context {
+                    Some(ctx) => Ok(ctx.clone()),
+                    None => cuda::context::context(device_id as usize),
+                };
+                match ctx.and_then(|ctx| {
+                    CudaPipeline::new_in(
+                        ctx,
+                        geometry,
+                        shape,
+                        self.max_device_memory,
+                        self.use_graph,
+                    )
+                }) {
                     Ok(mut p) => {
                         self.log(Level::Info, format!("CUDA pipeline ready for {shape:?}"));
                         self.drain_cuda_events(&mut p);
@@ -673,6 +700,39 @@ impl Engine {
             }
             Err(err) => Err(EngineError::CudaProcessing(err)),
         }
+    }
+
+    /// Stylizes one frame on the CUDA pipeline with either side in device memory of the shared
+    /// context (zero-copy with nvcodec). Only for the classic CUDA processor
+    /// ([`Engine::runs_on_gpu`]); a GPU failure is an error here (the element maps CUDA memory
+    /// as system memory for the CPU fallback).
+    pub fn process_frames(
+        &mut self,
+        input: FrameSource,
+        output: FrameTarget,
+    ) -> Result<FrameOutcome, EngineError> {
+        let (Some(stream), Some(Processor::ClassicCuda(p))) = (&self.stream, &mut self.processor)
+        else {
+            return Err(EngineError::NotConfigured);
+        };
+        let report = p
+            .process_frames(&stream.params, input, output)
+            .map_err(EngineError::CudaProcessing)?;
+        let gpu = p.last_frame_stats();
+        if let Some(Processor::ClassicCuda(mut p)) = self.processor.take() {
+            self.drain_cuda_events(&mut p);
+            self.processor = Some(Processor::ClassicCuda(p));
+        }
+        Ok(FrameOutcome {
+            report,
+            gpu: Some(gpu),
+            neural: None,
+        })
+    }
+
+    /// Whether frames go to the classic CUDA pipeline (device frames can be processed).
+    pub fn runs_on_gpu(&self) -> bool {
+        matches!(self.processor, Some(Processor::ClassicCuda(_)))
     }
 
     /// Empties the temporal history (flush, discont).

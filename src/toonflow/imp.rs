@@ -12,11 +12,13 @@ use gst_base::subclass::prelude::*;
 use gst_video::subclass::prelude::*;
 use parking_lot::Mutex;
 
+use super::cuda_memory::{self, CudaShare, MemoryKind, SharedContext};
 use super::engine::{Engine, EngineEvent, FrameOutcome, Level, StreamFormat};
 use super::properties;
-use super::settings::Settings;
+use super::settings::{BackendChoice, Settings};
 use super::stats::Stats;
 use super::{frames, pool};
+use crate::cuda::gstcuda::{self, GstCudaContext};
 use crate::pipeline::FrameGeometry;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -31,6 +33,10 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
 struct State {
     engine: Engine,
     info: Option<gst_video::VideoInfo>,
+    /// Memory of the input and output frames (set by `set_info` from the caps features).
+    memory: [MemoryKind; 2],
+    /// The CUDA context shared with the pipeline, when the engine runs in it.
+    shared: Option<SharedContext>,
 }
 
 #[derive(Default)]
@@ -38,6 +44,8 @@ pub struct Toonflow {
     settings: Mutex<Settings>,
     state: Mutex<Option<State>>,
     stats: Mutex<Stats>,
+    /// The pipeline's CUDA context (chosen at NULL→READY, dropped at READY→NULL).
+    cuda: Mutex<CudaShare>,
 }
 
 impl Toonflow {
@@ -75,6 +83,94 @@ impl Toonflow {
 
     fn cuda_device(&self) -> Option<u32> {
         self.state.lock().as_ref()?.engine.cuda_device()
+    }
+
+    /// Settings under which the classic CUDA pipeline may run (no CPU backend, no model).
+    fn wants_cuda(settings: &Settings) -> bool {
+        settings.backend != BackendChoice::Cpu && settings.model.path.is_empty()
+    }
+
+    /// Whether `memory:CUDAMemory` caps are offered now: the GPU path may run and a context is
+    /// shared (before NULL→READY: libgstcuda and the driver load at all).
+    fn cuda_caps_offered(&self) -> bool {
+        if !Self::wants_cuda(&self.settings.lock()) {
+            return false;
+        }
+        if let Some(state) = self.state.lock().as_ref() {
+            return state.shared.is_some() && state.engine.cuda_device().is_some();
+        }
+        let share = self.cuda.lock();
+        if share.decided {
+            share.shared.is_some()
+        } else {
+            cuda_memory::cuda_memory_possible()
+        }
+    }
+
+    /// Takes a `gst.cuda.context` of our device from the pipeline, unless one is held already.
+    fn adopt_context(&self, found: GstCudaContext) {
+        match SharedContext::adopt(found) {
+            Ok(shared) => {
+                gst::info!(CAT, imp = self, "sharing the pipeline's {shared:?}");
+                let mut share = self.cuda.lock();
+                if share.shared.is_none() {
+                    share.shared = Some(shared);
+                }
+            }
+            Err(e) => gst::warning!(
+                CAT,
+                imp = self,
+                "cannot use the pipeline's CUDA context: {e}"
+            ),
+        }
+    }
+
+    /// NULL→READY: finds the pipeline's CUDA context (neighbours, then the application through
+    /// need-context) or wraps toonflow's own and announces it, so one context serves the whole
+    /// pipeline. Without a usable GPU or libgstcuda nothing is shared and CUDA caps are not
+    /// offered.
+    fn ensure_cuda_context(&self) {
+        let settings = self.settings.lock().clone();
+        let device_id = settings.device_id;
+        if !Self::wants_cuda(&settings) || self.cuda.lock().shared.is_some() {
+            self.cuda.lock().decided = true;
+            return;
+        }
+        if !cuda_memory::cuda_memory_possible() {
+            gst::debug!(
+                CAT,
+                imp = self,
+                "no libgstcuda or CUDA driver: system memory only"
+            );
+            self.cuda.lock().decided = true;
+            return;
+        }
+        let element = self.obj().clone().upcast::<gst::Element>();
+        if let Some(found) = cuda_memory::query_neighbours(&element, device_id) {
+            self.adopt_context(found);
+        }
+        if self.cuda.lock().shared.is_none() {
+            // A bin or the application may answer through set_context.
+            let msg = gst::message::NeedContext::builder(gstcuda::CONTEXT_TYPE)
+                .src(&element)
+                .build();
+            let _ = element.post_message(msg);
+        }
+        if self.cuda.lock().shared.is_none() {
+            match SharedContext::own(device_id) {
+                Ok(shared) => {
+                    gst::info!(CAT, imp = self, "sharing toonflow's {shared:?}");
+                    let context = shared.gst.to_context();
+                    self.cuda.lock().shared = Some(shared);
+                    let msg = gst::message::HaveContext::builder(context)
+                        .src(&element)
+                        .build();
+                    let _ = element.post_message(msg);
+                }
+                Err(e) => gst::info!(CAT, imp = self, "no CUDA memory: {e}"),
+            }
+        }
+        self.cuda.lock().decided = true;
     }
 
     /// Counts a frame and posts `toonflow-stats` when one is due.
@@ -150,7 +246,7 @@ impl ElementImpl for Toonflow {
                 FrameGeometry::MAX_SIZE as i32,
                 2,
             );
-            let caps = gst::Caps::builder("video/x-raw")
+            let structure = gst::Structure::builder("video/x-raw")
                 .field("format", gst_video::VideoFormat::Nv12.to_str())
                 .field("width", size)
                 .field("height", size)
@@ -162,6 +258,7 @@ impl ElementImpl for Toonflow {
                     ),
                 )
                 .build();
+            let caps = cuda_memory::template_caps(structure);
             [
                 ("src", gst::PadDirection::Src),
                 ("sink", gst::PadDirection::Sink),
@@ -174,6 +271,34 @@ impl ElementImpl for Toonflow {
         });
         PAD_TEMPLATES.as_ref()
     }
+
+    fn set_context(&self, context: &gst::Context) {
+        if context.context_type() == gstcuda::CONTEXT_TYPE
+            && self.cuda.lock().shared.is_none()
+            && Self::wants_cuda(&self.settings.lock())
+        {
+            let device_id = self.settings.lock().device_id;
+            let element = self.obj().clone().upcast::<gst::Element>();
+            if let Some(found) = GstCudaContext::from_context(&element, context, device_id) {
+                self.adopt_context(found);
+            }
+        }
+        self.parent_set_context(context)
+    }
+
+    fn change_state(
+        &self,
+        transition: gst::StateChange,
+    ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
+        if transition == gst::StateChange::NullToReady {
+            self.ensure_cuda_context();
+        }
+        let result = self.parent_change_state(transition);
+        if transition == gst::StateChange::ReadyToNull {
+            *self.cuda.lock() = CudaShare::default();
+        }
+        result
+    }
 }
 
 impl BaseTransformImpl for Toonflow {
@@ -184,18 +309,71 @@ impl BaseTransformImpl for Toonflow {
 
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let settings = self.settings.lock().clone();
-        let mut engine = Engine::start(&settings).map_err(|e| e.message())?;
+        let shared = self
+            .cuda
+            .lock()
+            .shared
+            .clone()
+            .filter(|_| Self::wants_cuda(&settings));
+        let mut engine = Engine::start_in(&settings, shared.as_ref().map(|s| s.cuda.clone()))
+            .map_err(|e| e.message())?;
         let mut stats = Stats::new(engine.backend().name());
         stats.set_model(engine.model_name().unwrap_or(""));
         *self.stats.lock() = stats;
         self.drain(&mut engine);
-        *self.state.lock() = Some(State { engine, info: None });
+        *self.state.lock() = Some(State {
+            engine,
+            info: None,
+            memory: [MemoryKind::System; 2],
+            shared,
+        });
         Ok(())
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
         *self.state.lock() = None;
         Ok(())
+    }
+
+    fn query(&self, direction: gst::PadDirection, query: &mut gst::QueryRef) -> bool {
+        if let gst::QueryViewMut::Context(q) = query.view_mut()
+            && q.context_type() == gstcuda::CONTEXT_TYPE
+        {
+            let shared = self.cuda.lock().shared.clone();
+            let element = self.obj().clone().upcast::<gst::Element>();
+            if let Some(shared) = shared
+                && shared.gst.answer_query(&element, query)
+            {
+                return true;
+            }
+        }
+        BaseTransformImplExt::parent_query(self, direction, query)
+    }
+
+    fn transform_caps(
+        &self,
+        _direction: gst::PadDirection,
+        caps: &gst::Caps,
+        filter: Option<&gst::Caps>,
+    ) -> Option<gst::Caps> {
+        Some(cuda_memory::transform_caps(
+            caps,
+            filter,
+            self.cuda_caps_offered(),
+        ))
+    }
+
+    fn fixate_caps(
+        &self,
+        direction: gst::PadDirection,
+        caps: &gst::Caps,
+        othercaps: gst::Caps,
+    ) -> gst::Caps {
+        // Our memory preference, not the peer's caps order, picks the other pad's memory.
+        let kinds =
+            cuda_memory::offered_kinds(&[MemoryKind::of_caps(caps)], self.cuda_caps_offered());
+        let othercaps = cuda_memory::prefer(&othercaps, kinds[0]);
+        self.parent_fixate_caps(direction, caps, othercaps)
     }
 
     fn propose_allocation(
@@ -208,6 +386,20 @@ impl BaseTransformImpl for Toonflow {
         let Some(device_id) = self.cuda_device() else {
             return Ok(());
         };
+        let shared = self.state.lock().as_ref().and_then(|s| s.shared.clone());
+        if let (Some(caps), Some(shared)) = (query.get_owned().0, &shared)
+            && MemoryKind::of_caps(&caps) == MemoryKind::Cuda
+        {
+            match cuda_memory::cuda_pool(&shared.gst, &caps, 2, 0) {
+                Ok((pool, size)) => query.add_allocation_pool(Some(&pool), size, 2, 0),
+                Err(e) => gst::warning!(CAT, imp = self, "no CUDA pool for upstream: {e}"),
+            }
+            return Ok(());
+        }
+        if shared.is_some_and(|s| s.adopted) {
+            // Pinned pools belong to the primary context, which an adopted pipeline never makes.
+            return Ok(());
+        }
         self.log_pool(pool::offer_upstream(query, device_id as usize));
         Ok(())
     }
@@ -216,7 +408,27 @@ impl BaseTransformImpl for Toonflow {
         &self,
         query: &mut gst::query::Allocation,
     ) -> Result<(), gst::LoggableError> {
-        if let Some(device_id) = self.cuda_device() {
+        let shared = self.state.lock().as_ref().and_then(|s| s.shared.clone());
+        let caps = query.get_owned().0;
+        if let (Some(caps), Some(shared)) = (&caps, &shared)
+            && MemoryKind::of_caps(caps) == MemoryKind::Cuda
+        {
+            let min = query.allocation_pools().next().map_or(2, |p| p.2.max(2));
+            let (pool, size) = cuda_memory::cuda_pool(&shared.gst, caps, min, 0)
+                .map_err(|e| gst::loggable_error!(CAT, "no CUDA output pool: {e}"))?;
+            if query.allocation_pools().len() == 0 {
+                query.add_allocation_pool(Some(&pool), size, min, 0);
+            } else {
+                query.set_nth_allocation_pool(0, Some(&pool), size, min, 0);
+            }
+            gst::debug!(
+                CAT,
+                imp = self,
+                "output buffers from a CUDA pool ({size} bytes)"
+            );
+        } else if let Some(device_id) = self.cuda_device()
+            && !shared.is_some_and(|s| s.adopted)
+        {
             self.log_pool(pool::use_for_output(query, device_id as usize));
         }
         self.parent_decide_allocation(query)
@@ -260,9 +472,9 @@ impl BaseTransformImpl for Toonflow {
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
         let settings = self.settings.lock().clone();
         let mut guard = self.state.lock();
-        let Some((engine, info)) = guard
+        let Some((engine, info, memory, state_shared)) = guard
             .as_mut()
-            .and_then(|s| Some((&mut s.engine, s.info.clone()?)))
+            .and_then(|s| Some((&mut s.engine, s.info.clone()?, s.memory, s.shared.clone())))
         else {
             gst::element_imp_error!(
                 self,
@@ -286,16 +498,25 @@ impl BaseTransformImpl for Toonflow {
             .format()
             .ok_or(gst::FlowError::NotNegotiated)?
             .geometry;
-        let (result, elapsed_us) =
-            frames::with_nv12(inbuf, outbuf, &info, geometry, |input, output| {
+        let mapped = match (&state_shared, engine.runs_on_gpu()) {
+            // Frames in GstCudaMemory of the shared context go to the GPU without a PCIe copy.
+            (Some(shared), true) if memory != [MemoryKind::System; 2] => {
+                cuda_memory::with_frames(inbuf, outbuf, &info, geometry, shared, memory, |i, o| {
+                    let started = Instant::now();
+                    let result = engine.process_frames(i, o);
+                    (result, started.elapsed().as_secs_f64() * 1e6)
+                })
+            }
+            _ => frames::with_nv12(inbuf, outbuf, &info, geometry, |input, output| {
                 let started = Instant::now();
                 let result = engine.process(input, output);
                 (result, started.elapsed().as_secs_f64() * 1e6)
-            })
-            .map_err(|e| {
-                self.post_error_message(e);
-                gst::FlowError::Error
-            })?;
+            }),
+        };
+        let (result, elapsed_us) = mapped.map_err(|e| {
+            self.post_error_message(e);
+            gst::FlowError::Error
+        })?;
         self.drain(engine);
         drop(guard);
         let outcome = result.map_err(|e| {
@@ -320,7 +541,7 @@ impl VideoFilterImpl for Toonflow {
         &self,
         incaps: &gst::Caps,
         in_info: &gst_video::VideoInfo,
-        _outcaps: &gst::Caps,
+        outcaps: &gst::Caps,
         _out_info: &gst_video::VideoInfo,
     ) -> Result<(), gst::LoggableError> {
         let format = StreamFormat::from_info(in_info)
@@ -332,6 +553,14 @@ impl VideoFilterImpl for Toonflow {
             .ok_or_else(|| gst::loggable_error!(CAT, "caps {incaps} before start"))?;
         // Until the engine is configured for the new caps, frames are refused.
         state.info = None;
+        state.memory = [MemoryKind::of_caps(incaps), MemoryKind::of_caps(outcaps)];
+        gst::debug!(
+            CAT,
+            imp = self,
+            "input in {} memory, output in {} memory",
+            state.memory[0].name(),
+            state.memory[1].name()
+        );
         let configured = state.engine.configure(format, &settings);
         self.drain(&mut state.engine);
         configured.map_err(|e| {

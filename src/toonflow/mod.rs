@@ -3,6 +3,7 @@
 use gst::glib;
 use gst::prelude::*;
 
+mod cuda_memory;
 mod engine;
 mod frames;
 mod imp;

@@ -112,6 +112,9 @@ impl Stats {
             .field("transfer-time-us", self.gpu.transfer_time_us)
             .field("upload-time-us", self.gpu.upload_time_us)
             .field("download-time-us", self.gpu.download_time_us)
+            .field("upload-bytes", self.gpu.upload_bytes)
+            .field("download-bytes", self.gpu.download_bytes)
+            .field("device-copy-us", self.gpu.device_copy_time_us)
             .field("launches", self.gpu.launches)
             .field("graph-replayed", self.gpu.graph_replayed)
             .field(
