@@ -1,5 +1,5 @@
 //! toonflow: a GStreamer element that turns NV12 video into a cartoon, on an NVIDIA GPU through
-//! CUDA or on the CPU reference backend.
+//! CUDA or on the CPU (fast SIMD path, exact reference).
 #![allow(clippy::non_send_fields_in_send_ty, unused_doc_comments)]
 
 use gst::glib;

@@ -80,7 +80,7 @@ fn faults_give_clear_errors_or_logged_fallbacks() {
     println!("compile fault, backend=auto: {warnings:?}");
     assert!(eos, "auto must fall back and finish: {msgs:?}");
     assert_eq!(stats.get::<String>("backend").unwrap(), "cpu");
-    assert!(warnings.iter().any(|w| w.contains("CPU reference")));
+    assert!(warnings.iter().any(|w| w.contains("CPU backend")));
 
     // A real allocation failure: cuMemAlloc of four times the free memory.
     set_fault("alloc");

@@ -1,4 +1,4 @@
-//! The element on the CPU reference backend: caps, properties, sizes, and what it does to a
+//! The element on the CPU backend: caps, properties, sizes, and what it does to a
 //! real photo.
 
 mod common;

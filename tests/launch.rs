@@ -179,7 +179,7 @@ fn backend_auto_without_cuda_warns_once_and_runs_on_cpu() {
     } else {
         assert_eq!(backend, "cpu");
         assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].contains("CPU reference"), "{}", warnings[0]);
+        assert!(warnings[0].contains("CPU backend"), "{}", warnings[0]);
     }
 }
 

@@ -60,12 +60,12 @@ impl Toonflow {
                     gst::warning!(
                         CAT,
                         imp = self,
-                        "{reason}; falling back to the CPU reference backend"
+                        "{reason}; falling back to the CPU backend"
                     );
                     gst::element_imp_warning!(
                         self,
                         gst::LibraryError::Init,
-                        ("{}; using the CPU reference backend (much slower)", reason)
+                        ("{}; using the CPU backend (slower than a GPU)", reason)
                     );
                     self.stats.lock().set_backend(engine.backend().name());
                 }
@@ -232,7 +232,7 @@ impl ElementImpl for Toonflow {
                 "Toonflow cartoon filter",
                 "Filter/Effect/Video",
                 "Turns NV12 video into a temporally stable cartoon (bilateral smoothing, DoG lines, soft \
-                 quantization) on an NVIDIA GPU through CUDA, or on the CPU reference backend",
+                 quantization) on an NVIDIA GPU through CUDA, or on the CPU (a fast SIMD path; the exact reference on request)",
                 "toonflow developers",
             )
         });

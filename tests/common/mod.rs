@@ -200,14 +200,16 @@ pub fn photo(name: &str, width: usize, height: usize) -> Nv12 {
 /// A harness around one toonflow element with NV12 caps for `width`×`height`.
 pub fn harness(width: usize, height: usize, props: &[(&str, &dyn ToValue)]) -> gst_check::Harness {
     init();
-    let mut h = gst_check::Harness::new("toonflow");
-    {
-        let el = h.element().unwrap();
-        el.set_property_from_str("backend", "cpu");
-        for (name, value) in props {
-            el.set_property(name, value.to_value());
-        }
+    // Properties read at start (backend, model, ...) must be set before the harness starts the
+    // element, so the element is made and configured first.
+    let el = gst::ElementFactory::make("toonflow")
+        .build()
+        .expect("toonflow element");
+    el.set_property_from_str("backend", "cpu");
+    for (name, value) in props {
+        el.set_property(name, value.to_value());
     }
+    let mut h = gst_check::Harness::with_element(&el, Some("sink"), Some("src"));
     h.set_src_caps(nv12_caps(width, height));
     h
 }
