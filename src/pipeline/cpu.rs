@@ -128,26 +128,29 @@ impl StageTimes {
     }
 }
 
-/// The CPU backend's per-stream state: working planes, the temporal ring, the scene detector.
+/// What both CPU paths keep per stream: working planes, the temporal ring, the scene detector,
+/// the worker pool and the last frame's stage times. The features in the ring are whatever
+/// layout the path keeps its chroma in (the reference interleaved, the fast path planar).
 #[derive(Debug)]
-pub struct CpuPipeline {
-    geometry: FrameGeometry,
-    pool: BandPool,
-    l: Vec<f32>,
-    uv: Vec<f32>,
-    tmp_l: Vec<f32>,
-    tmp_uv: Vec<f32>,
-    dog1: Vec<f32>,
-    dog2: Vec<f32>,
-    edge: Vec<f32>,
-    ring: TemporalRing<Feature>,
-    statistics: FrameStatistics,
-    detector: SceneCutDetector,
-    times: StageTimes,
+pub(crate) struct StreamPlanes {
+    pub geometry: FrameGeometry,
+    pub pool: BandPool,
+    pub l: Vec<f32>,
+    pub uv: Vec<f32>,
+    pub tmp_l: Vec<f32>,
+    pub tmp_uv: Vec<f32>,
+    pub dog1: Vec<f32>,
+    pub dog2: Vec<f32>,
+    pub edge: Vec<f32>,
+    pub ring: TemporalRing<Feature>,
+    pub statistics: FrameStatistics,
+    pub detector: SceneCutDetector,
+    pub times: StageTimes,
 }
 
-impl CpuPipeline {
-    /// Allocates every plane for `geometry` and a ring of `history` features.
+impl StreamPlanes {
+    /// Allocates every plane for `geometry` and a ring of `history` features; one thread per
+    /// core (at most 16).
     pub fn new(geometry: FrameGeometry, history: usize) -> Self {
         let n = geometry.luma_pixels();
         let nc = geometry.chroma_pixels() * 2;
@@ -159,7 +162,7 @@ impl CpuPipeline {
             geometry.width as u32,
             geometry.height as u32,
         );
-        CpuPipeline {
+        StreamPlanes {
             geometry,
             pool: BandPool::new(threads),
             l: vec![0.0; n],
@@ -179,35 +182,167 @@ impl CpuPipeline {
         }
     }
 
-    pub fn geometry(&self) -> FrameGeometry {
-        self.geometry
-    }
-
     pub fn history_capacity(&self) -> usize {
         self.ring.cursor().capacity()
-    }
-
-    /// Sets the number of threads a frame runs on (1 = the calling thread alone); replaces the
-    /// worker pool, so call it at setup, not per frame.
-    pub fn set_threads(&mut self, threads: usize) {
-        if threads.max(1) != self.pool.threads() {
-            self.pool = BandPool::new(threads);
-        }
-    }
-
-    pub fn threads(&self) -> usize {
-        self.pool.threads()
-    }
-
-    /// How long each stage of the last frame took.
-    pub fn last_stage_times(&self) -> StageTimes {
-        self.times
     }
 
     /// Empties the temporal ring and forgets the previous thumbnail (flush, discont, caps).
     pub fn reset(&mut self) {
         self.ring.clear();
         self.detector.reset();
+    }
+
+    /// The frame's statistics from its luma; returns the scene-cut score against the last frame.
+    pub fn analyse(&mut self, input: &Nv12Frame) -> f32 {
+        let (w, h) = (self.geometry.width, self.geometry.height);
+        self.statistics.gather(input.y, input.y_stride, w, h);
+        self.detector.score_statistics(&self.statistics, w, h)
+    }
+
+    /// The raw features join the ring; the filtered ones (in the tmp planes) become current.
+    pub fn remember_features(&mut self) {
+        let (l, uv) = (&self.l, &self.uv);
+        self.ring.push_with(|slot| {
+            slot.l.copy_from_slice(l);
+            slot.uv.copy_from_slice(uv);
+        });
+        std::mem::swap(&mut self.l, &mut self.tmp_l);
+        std::mem::swap(&mut self.uv, &mut self.tmp_uv);
+    }
+}
+
+/// The stages one CPU path provides; [`run_stages`] runs them in the pipeline's order, so the
+/// reference and the fast path share the order, the ring, the scene cuts and the timing, and
+/// differ only in their arithmetic.
+pub(crate) trait ClassicStages {
+    fn planes(&mut self) -> &mut StreamPlanes;
+    /// Stage 1: the frame into the working planes, statistics through
+    /// [`StreamPlanes::analyse`]; returns the scene-cut score.
+    fn unpack_and_analyse(&mut self, input: &Nv12Frame) -> f32;
+    /// One bilateral iteration (x pass then y pass) over luma and chroma, in place.
+    fn bilateral_iteration(&mut self, p: &ToonParams);
+    /// Filters the current features against the `used` most recent ring entries into tmp planes.
+    fn temporal(&mut self, p: &ToonParams, used: usize);
+    /// DoG of the filtered luma into the edge factor.
+    fn edges(&mut self, p: &ToonParams);
+    /// Quantize, compose with the edges and pack NV12.
+    fn compose(&mut self, p: &ToonParams, levels: Option<(f32, f32)>, output: &mut Nv12FrameMut);
+}
+
+/// Stylizes `input` into `output` with `stages`. Both frames must have the pipeline's geometry.
+pub(crate) fn run_stages(
+    stages: &mut impl ClassicStages,
+    p: &ToonParams,
+    input: &Nv12Frame,
+    output: &mut Nv12FrameMut,
+) -> FrameReport {
+    let geometry = stages.planes().geometry;
+    assert_eq!(
+        input.geometry, geometry,
+        "input geometry differs from the pipeline's"
+    );
+    assert_eq!(
+        output.geometry, geometry,
+        "output geometry differs from the pipeline's"
+    );
+    let t0 = Instant::now();
+
+    // 1. Unpack and analysis.
+    let scene_score = stages.unpack_and_analyse(input);
+    let scene_cut = scene_score > p.scene_cut_threshold;
+    let t1 = Instant::now();
+
+    // 2. Edge-preserving smoothing up to the edge iteration: these are the frame's features.
+    let edge_iteration = p.edge_iteration.clamp(0, p.bilateral_iterations.max(0));
+    for _ in 0..edge_iteration {
+        stages.bilateral_iteration(p);
+    }
+    let t2 = Instant::now();
+
+    // 3. Temporal filter of the features against the ring; the raw features join the ring.
+    // Everything after this point (edges, further smoothing, quantization) works on the
+    // filtered features, so neither the lines nor the bands flicker.
+    if scene_cut {
+        stages.planes().ring.clear();
+    }
+    let history_used = stages.planes().ring.len().min(p.history.max(0) as usize);
+    stages.temporal(p, history_used);
+    stages.planes().remember_features();
+    let t3 = Instant::now();
+
+    // 4. DoG edges of the filtered features, then the remaining smoothing iterations.
+    stages.edges(p);
+    let t4 = Instant::now();
+    for _ in edge_iteration..p.bilateral_iterations.max(0) {
+        stages.bilateral_iteration(p);
+    }
+    let t5 = Instant::now();
+
+    // 5–6. Auto-levels, quantize, compose, pack.
+    let levels = if p.auto_levels != 0 {
+        stages.planes().statistics.levels()
+    } else {
+        None
+    };
+    stages.compose(p, levels, output);
+    let t6 = Instant::now();
+    stages.planes().times = StageTimes {
+        unpack_analysis: t1 - t0,
+        smoothing_to_edges: t2 - t1,
+        temporal: t3 - t2,
+        edges: t4 - t3,
+        smoothing_after_edges: t5 - t4,
+        compose: t6 - t5,
+    };
+    FrameReport {
+        scene_cut,
+        scene_score,
+        history_used,
+    }
+}
+
+/// The CPU backend's per-stream state: working planes, the temporal ring, the scene detector.
+#[derive(Debug)]
+pub struct CpuPipeline {
+    s: StreamPlanes,
+}
+
+impl CpuPipeline {
+    /// Allocates every plane for `geometry` and a ring of `history` features.
+    pub fn new(geometry: FrameGeometry, history: usize) -> Self {
+        CpuPipeline {
+            s: StreamPlanes::new(geometry, history),
+        }
+    }
+
+    pub fn geometry(&self) -> FrameGeometry {
+        self.s.geometry
+    }
+
+    pub fn history_capacity(&self) -> usize {
+        self.s.history_capacity()
+    }
+
+    /// Sets the number of threads a frame runs on (1 = the calling thread alone); replaces the
+    /// worker pool, so call it at setup, not per frame.
+    pub fn set_threads(&mut self, threads: usize) {
+        if threads.max(1) != self.s.pool.threads() {
+            self.s.pool = BandPool::new(threads);
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.s.pool.threads()
+    }
+
+    /// How long each stage of the last frame took.
+    pub fn last_stage_times(&self) -> StageTimes {
+        self.s.times
+    }
+
+    /// Empties the temporal ring and forgets the previous thumbnail (flush, discont, caps).
+    pub fn reset(&mut self) {
+        self.s.reset();
     }
 
     /// Stylizes `input` into `output`. Both must have this pipeline's geometry.
@@ -217,21 +352,23 @@ impl CpuPipeline {
         input: &Nv12Frame,
         output: &mut Nv12FrameMut,
     ) -> FrameReport {
-        assert_eq!(
-            input.geometry, self.geometry,
-            "input geometry differs from the pipeline's"
-        );
-        assert_eq!(
-            output.geometry, self.geometry,
-            "output geometry differs from the pipeline's"
-        );
-        let t0 = Instant::now();
-        let (w, h) = (self.geometry.width, self.geometry.height);
-        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let pool = &self.pool;
+        run_stages(self, p, input, output)
+    }
+}
 
-        // 1. Unpack and analysis.
-        pool.for_row_bands(&mut self.l, w, h, |first, rows, out| {
+impl ClassicStages for CpuPipeline {
+    fn planes(&mut self) -> &mut StreamPlanes {
+        &mut self.s
+    }
+
+    fn unpack_and_analyse(&mut self, input: &Nv12Frame) -> f32 {
+        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
+        let (cw, ch) = (
+            self.s.geometry.chroma_width(),
+            self.s.geometry.chroma_height(),
+        );
+        let pool = &self.s.pool;
+        pool.for_row_bands(&mut self.s.l, w, h, |first, rows, out| {
             for r in 0..rows {
                 let src = &input.y[(first + r) * input.y_stride..][..w];
                 for (o, &v) in out[r * w..][..w].iter_mut().zip(src) {
@@ -239,7 +376,7 @@ impl CpuPipeline {
                 }
             }
         });
-        pool.for_row_bands(&mut self.uv, 2 * cw, ch, |first, rows, out| {
+        pool.for_row_bands(&mut self.s.uv, 2 * cw, ch, |first, rows, out| {
             for r in 0..rows {
                 let src = &input.uv[(first + r) * input.uv_stride..][..2 * cw];
                 for (o, &v) in out[r * 2 * cw..][..2 * cw].iter_mut().zip(src) {
@@ -247,75 +384,21 @@ impl CpuPipeline {
                 }
             }
         });
-        self.statistics.gather(input.y, input.y_stride, w, h);
-        let scene_score = self.detector.score_statistics(&self.statistics, w, h);
-        let scene_cut = scene_score > p.scene_cut_threshold;
-        let t1 = Instant::now();
-
-        // 2. Edge-preserving smoothing up to the edge iteration: these are the frame's features.
-        let edge_iteration = p.edge_iteration.clamp(0, p.bilateral_iterations.max(0));
-        for _ in 0..edge_iteration {
-            self.bilateral_iteration(p);
-        }
-        let t2 = Instant::now();
-
-        // 3. Temporal filter of the features against the ring; the raw features join the ring.
-        // Everything after this point (edges, further smoothing, quantization) works on the
-        // filtered features, so neither the lines nor the bands flicker.
-        if scene_cut {
-            self.ring.clear();
-        }
-        let history_used = self.ring.len().min(p.history.max(0) as usize);
-        self.temporal(p, history_used);
-        let (l, uv) = (&self.l, &self.uv);
-        self.ring.push_with(|slot| {
-            slot.l.copy_from_slice(l);
-            slot.uv.copy_from_slice(uv);
-        });
-        std::mem::swap(&mut self.l, &mut self.tmp_l);
-        std::mem::swap(&mut self.uv, &mut self.tmp_uv);
-        let t3 = Instant::now();
-
-        // 4. DoG edges of the filtered features, then the remaining smoothing iterations.
-        self.edges(p);
-        let t4 = Instant::now();
-        for _ in edge_iteration..p.bilateral_iterations.max(0) {
-            self.bilateral_iteration(p);
-        }
-        let t5 = Instant::now();
-
-        // 4–6. Auto-levels, quantize, compose, pack.
-        let levels = if p.auto_levels != 0 {
-            self.statistics.levels()
-        } else {
-            None
-        };
-        self.compose(p, levels, output);
-        let t6 = Instant::now();
-        self.times = StageTimes {
-            unpack_analysis: t1 - t0,
-            smoothing_to_edges: t2 - t1,
-            temporal: t3 - t2,
-            edges: t4 - t3,
-            smoothing_after_edges: t5 - t4,
-            compose: t6 - t5,
-        };
-        FrameReport {
-            scene_cut,
-            scene_score,
-            history_used,
-        }
+        self.s.analyse(input)
     }
 
     /// One bilateral iteration (x pass then y pass) over luma and chroma, in place.
     fn bilateral_iteration(&mut self, p: &ToonParams) {
-        let (w, h) = (self.geometry.width, self.geometry.height);
-        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let pool = &self.pool;
+        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
+        let (cw, ch) = (
+            self.s.geometry.chroma_width(),
+            self.s.geometry.chroma_height(),
+        );
+        let pool = &self.s.pool;
         let (lr, cr) = (p.luma_radius as isize, p.chroma_radius as isize);
         // x passes: plane -> tmp
-        let src = &self.l;
-        pool.for_row_bands(&mut self.tmp_l, w, h, |first, rows, out| {
+        let src = &self.s.l;
+        pool.for_row_bands(&mut self.s.tmp_l, w, h, |first, rows, out| {
             for r in 0..rows {
                 let row = &src[(first + r) * w..][..w];
                 for (x, o) in out[r * w..][..w].iter_mut().enumerate() {
@@ -323,8 +406,8 @@ impl CpuPipeline {
                 }
             }
         });
-        let src = &self.uv;
-        pool.for_row_bands(&mut self.tmp_uv, 2 * cw, ch, |first, rows, out| {
+        let src = &self.s.uv;
+        pool.for_row_bands(&mut self.s.tmp_uv, 2 * cw, ch, |first, rows, out| {
             for r in 0..rows {
                 let row = &src[(first + r) * 2 * cw..][..2 * cw];
                 for x in 0..cw {
@@ -339,8 +422,8 @@ impl CpuPipeline {
             }
         });
         // y passes: tmp -> plane
-        let src = &self.tmp_l;
-        pool.for_row_bands(&mut self.l, w, h, |first, rows, out| {
+        let src = &self.s.tmp_l;
+        pool.for_row_bands(&mut self.s.l, w, h, |first, rows, out| {
             for r in 0..rows {
                 let y = first + r;
                 for (x, o) in out[r * w..][..w].iter_mut().enumerate() {
@@ -349,8 +432,8 @@ impl CpuPipeline {
                 }
             }
         });
-        let src = &self.tmp_uv;
-        pool.for_row_bands(&mut self.uv, 2 * cw, ch, |first, rows, out| {
+        let src = &self.s.tmp_uv;
+        pool.for_row_bands(&mut self.s.uv, 2 * cw, ch, |first, rows, out| {
             for r in 0..rows {
                 let y = first + r;
                 for x in 0..cw {
@@ -366,25 +449,31 @@ impl CpuPipeline {
         });
     }
 
-    /// DoG edges of the current luma plane into `self.edge` (the blended factor E').
+    /// DoG edges of the current luma plane into `self.s.edge` (the blended factor E').
     fn edges(&mut self, p: &ToonParams) {
-        let (w, h) = (self.geometry.width, self.geometry.height);
-        let pool = &self.pool;
+        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
+        let pool = &self.s.pool;
         let er = p.edge_radius as isize;
-        let src = &self.l;
+        let src = &self.s.l;
         // x pass of both Gaussians; dog1 and dog2 are written together through one band split.
-        pool.for_row_bands2(&mut self.dog1, &mut self.dog2, w, h, |first, rows, a, b| {
-            for r in 0..rows {
-                let row = &src[(first + r) * w..][..w];
-                for x in 0..w {
-                    let (g1, g2) = gauss_pair(p, er, |j| row[clamp_index(x as isize + j, w)]);
-                    a[r * w + x] = g1;
-                    b[r * w + x] = g2;
+        pool.for_row_bands2(
+            &mut self.s.dog1,
+            &mut self.s.dog2,
+            w,
+            h,
+            |first, rows, a, b| {
+                for r in 0..rows {
+                    let row = &src[(first + r) * w..][..w];
+                    for x in 0..w {
+                        let (g1, g2) = gauss_pair(p, er, |j| row[clamp_index(x as isize + j, w)]);
+                        a[r * w + x] = g1;
+                        b[r * w + x] = g2;
+                    }
                 }
-            }
-        });
-        let (d1, d2) = (&self.dog1, &self.dog2);
-        pool.for_row_bands(&mut self.edge, w, h, |first, rows, out| {
+            },
+        );
+        let (d1, d2) = (&self.s.dog1, &self.s.dog2);
+        pool.for_row_bands(&mut self.s.edge, w, h, |first, rows, out| {
             for r in 0..rows {
                 let y = first + r;
                 for (x, o) in out[r * w..][..w].iter_mut().enumerate() {
@@ -398,22 +487,25 @@ impl CpuPipeline {
 
     /// Filters the current features against the `used` most recent ring entries into tmp planes.
     fn temporal(&mut self, p: &ToonParams, used: usize) {
-        let (w, h) = (self.geometry.width, self.geometry.height);
-        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let pool = &self.pool;
+        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
+        let (cw, ch) = (
+            self.s.geometry.chroma_width(),
+            self.s.geometry.chroma_height(),
+        );
+        let pool = &self.s.pool;
         // The `used` most recent ring entries, newest first, looked up per pixel (no list is
         // built, so nothing allocates).
-        let ring = &self.ring;
+        let ring = &self.s.ring;
         let recent = move || (1..=used).filter_map(move |k| ring.recent(k));
-        let cur = &self.l;
-        pool.for_row_bands(&mut self.tmp_l, w, h, |first, rows, out| {
+        let cur = &self.s.l;
+        pool.for_row_bands(&mut self.s.tmp_l, w, h, |first, rows, out| {
             for (i, o) in out[..rows * w].iter_mut().enumerate() {
                 let idx = first * w + i;
                 *o = temporal_luma(p, cur[idx], recent().map(|f| f.l[idx]));
             }
         });
-        let cur = &self.uv;
-        pool.for_row_bands(&mut self.tmp_uv, 2 * cw, ch, |first, rows, out| {
+        let cur = &self.s.uv;
+        pool.for_row_bands(&mut self.s.tmp_uv, 2 * cw, ch, |first, rows, out| {
             for i in 0..rows * cw {
                 let idx = 2 * (first * cw + i);
                 let (u, v) = temporal_chroma(
@@ -429,10 +521,13 @@ impl CpuPipeline {
 
     /// Quantize, compose with the edges and pack NV12.
     fn compose(&mut self, p: &ToonParams, levels: Option<(f32, f32)>, output: &mut Nv12FrameMut) {
-        let (w, h) = (self.geometry.width, self.geometry.height);
-        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let pool = &self.pool;
-        let (fl, edge) = (&self.l, &self.edge);
+        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
+        let (cw, ch) = (
+            self.s.geometry.chroma_width(),
+            self.s.geometry.chroma_height(),
+        );
+        let pool = &self.s.pool;
+        let (fl, edge) = (&self.s.l, &self.s.edge);
         let y_stride = output.y_stride;
         pool.for_row_bands(output.y, y_stride, h, |first, rows, out| {
             for r in 0..rows {
@@ -447,7 +542,7 @@ impl CpuPipeline {
                 }
             }
         });
-        let fuv = &self.uv;
+        let fuv = &self.s.uv;
         let uv_stride = output.uv_stride;
         pool.for_row_bands(output.uv, uv_stride, ch, |first, rows, out| {
             for r in 0..rows {

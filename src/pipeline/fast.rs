@@ -14,36 +14,20 @@
 //! tests/cpu_fast.rs holds it to the reference on the photos and on a moving clip with a scene
 //! cut: within one code value on at least 99.9% of the pixels.
 
-use std::time::Instant;
-
 use parking_lot::Mutex;
 
-use super::analysis::{FrameStatistics, SceneCutDetector};
 use super::band_pool::BandPool;
-use super::cpu::{CpuPipeline, Feature, FrameReport, StageTimes};
+use super::cpu::{ClassicStages, CpuPipeline, FrameReport, StageTimes, StreamPlanes, run_stages};
 use super::fast_kernels::{self as k, ComposeInputs, DogWeights, EdgeInputs, Isa, TemporalInputs};
 use super::frame::{FrameGeometry, Nv12Frame, Nv12FrameMut};
 use super::params::{MAX_HISTORY, ToonParams};
-use super::ring::TemporalRing;
 
 /// The fast CPU backend's per-stream state. Its features in the ring are planar: `uv` holds the
 /// u plane, then the v plane.
 #[derive(Debug)]
 pub struct FastPipeline {
-    geometry: FrameGeometry,
+    s: StreamPlanes,
     isa: Isa,
-    pool: BandPool,
-    l: Vec<f32>,
-    uv: Vec<f32>,
-    tmp_l: Vec<f32>,
-    tmp_uv: Vec<f32>,
-    dog1: Vec<f32>,
-    dog2: Vec<f32>,
-    edge: Vec<f32>,
-    ring: TemporalRing<Feature>,
-    statistics: FrameStatistics,
-    detector: SceneCutDetector,
-    times: StageTimes,
     /// Pair weights of the vertical passes, one buffer per concurrent band (grown on the first
     /// frame, and again only if the radius grows).
     scratch: Vec<Mutex<Vec<f32>>>,
@@ -66,53 +50,30 @@ impl FastPipeline {
     /// Allocates every plane for `geometry` and a ring of `history` features; one thread per
     /// core (at most 16).
     pub fn new(geometry: FrameGeometry, history: usize) -> Self {
-        let n = geometry.luma_pixels();
-        let nc = geometry.chroma_pixels() * 2;
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(16);
-        let p = ToonParams::new(
-            &Default::default(),
-            geometry.width as u32,
-            geometry.height as u32,
-        );
+        let s = StreamPlanes::new(geometry, history);
+        let scratch = (0..s.pool.threads().max(1))
+            .map(|_| Mutex::new(Vec::new()))
+            .collect();
         FastPipeline {
-            geometry,
+            s,
             isa: Isa::detect(),
-            pool: BandPool::new(threads),
-            l: vec![0.0; n],
-            uv: vec![0.0; nc],
-            tmp_l: vec![0.0; n],
-            tmp_uv: vec![0.0; nc],
-            dog1: vec![0.0; n],
-            dog2: vec![0.0; n],
-            edge: vec![0.0; n],
-            ring: TemporalRing::new(history, || Feature {
-                l: vec![0.0; n],
-                uv: vec![0.0; nc],
-            }),
-            statistics: FrameStatistics::new(p.thumb_w as usize, p.thumb_h as usize),
-            detector: SceneCutDetector::with_capacity((p.thumb_w * p.thumb_h) as usize),
-            times: StageTimes::default(),
-            scratch: (0..threads.max(1))
-                .map(|_| Mutex::new(Vec::new()))
-                .collect(),
+            scratch,
         }
     }
 
     pub fn geometry(&self) -> FrameGeometry {
-        self.geometry
+        self.s.geometry
     }
 
     pub fn history_capacity(&self) -> usize {
-        self.ring.cursor().capacity()
+        self.s.history_capacity()
     }
 
     /// Sets the number of threads a frame runs on (1 = the calling thread alone); replaces the
     /// worker pool, so call it at setup, not per frame.
     pub fn set_threads(&mut self, threads: usize) {
-        if threads.max(1) != self.pool.threads() {
-            self.pool = BandPool::new(threads);
+        if threads.max(1) != self.s.pool.threads() {
+            self.s.pool = BandPool::new(threads);
             self.scratch = (0..threads.max(1))
                 .map(|_| Mutex::new(Vec::new()))
                 .collect();
@@ -120,7 +81,7 @@ impl FastPipeline {
     }
 
     pub fn threads(&self) -> usize {
-        self.pool.threads()
+        self.s.pool.threads()
     }
 
     /// Runs the kernels built for the crate's baseline target only (tests compare the two).
@@ -135,13 +96,12 @@ impl FastPipeline {
 
     /// How long each stage of the last frame took.
     pub fn last_stage_times(&self) -> StageTimes {
-        self.times
+        self.s.times
     }
 
     /// Empties the temporal ring and forgets the previous thumbnail (flush, discont, caps).
     pub fn reset(&mut self) {
-        self.ring.clear();
-        self.detector.reset();
+        self.s.reset();
     }
 
     /// Stylizes `input` into `output`. Both must have this pipeline's geometry.
@@ -151,105 +111,55 @@ impl FastPipeline {
         input: &Nv12Frame,
         output: &mut Nv12FrameMut,
     ) -> FrameReport {
-        assert_eq!(
-            input.geometry, self.geometry,
-            "input geometry differs from the pipeline's"
-        );
-        assert_eq!(
-            output.geometry, self.geometry,
-            "output geometry differs from the pipeline's"
-        );
-        let t0 = Instant::now();
-        let (w, h) = (self.geometry.width, self.geometry.height);
-        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let (isa, pool) = (self.isa, &self.pool);
+        run_stages(self, p, input, output)
+    }
+}
 
-        // 1. Unpack (chroma to planar u, v) and analysis.
-        pool.for_row_bands(&mut self.l, w, h, |first, rows, out| {
+impl ClassicStages for FastPipeline {
+    fn planes(&mut self) -> &mut StreamPlanes {
+        &mut self.s
+    }
+
+    fn unpack_and_analyse(&mut self, input: &Nv12Frame) -> f32 {
+        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
+        let (cw, ch) = (
+            self.s.geometry.chroma_width(),
+            self.s.geometry.chroma_height(),
+        );
+        let (isa, pool) = (self.isa, &self.s.pool);
+        pool.for_row_bands(&mut self.s.l, w, h, |first, rows, out| {
             for r in 0..rows {
                 let src = &input.y[(first + r) * input.y_stride..][..w];
                 k::unpack_luma(isa, src, &mut out[r * w..][..w]);
             }
         });
-        let (u, v) = self.uv.split_at_mut(cw * ch);
+        let (u, v) = self.s.uv.split_at_mut(cw * ch);
         pool.for_row_bands2(u, v, cw, ch, |first, rows, u, v| {
             for r in 0..rows {
                 let src = &input.uv[(first + r) * input.uv_stride..][..2 * cw];
                 k::unpack_chroma(isa, src, &mut u[r * cw..][..cw], &mut v[r * cw..][..cw]);
             }
         });
-        self.statistics.gather(input.y, input.y_stride, w, h);
-        let scene_score = self.detector.score_statistics(&self.statistics, w, h);
-        let scene_cut = scene_score > p.scene_cut_threshold;
-        let t1 = Instant::now();
-
-        // 2. Smoothing up to the edge iteration: the frame's features.
-        let edge_iteration = p.edge_iteration.clamp(0, p.bilateral_iterations.max(0));
-        for _ in 0..edge_iteration {
-            self.bilateral_iteration(p);
-        }
-        let t2 = Instant::now();
-
-        // 3. Temporal filter against the ring; the raw features join the ring.
-        if scene_cut {
-            self.ring.clear();
-        }
-        let history_used = self.ring.len().min(p.history.max(0) as usize);
-        self.temporal(p, history_used);
-        let (l, uv) = (&self.l, &self.uv);
-        self.ring.push_with(|slot| {
-            slot.l.copy_from_slice(l);
-            slot.uv.copy_from_slice(uv);
-        });
-        std::mem::swap(&mut self.l, &mut self.tmp_l);
-        std::mem::swap(&mut self.uv, &mut self.tmp_uv);
-        let t3 = Instant::now();
-
-        // 4. DoG edges of the filtered features, then the remaining smoothing.
-        self.edges(p);
-        let t4 = Instant::now();
-        for _ in edge_iteration..p.bilateral_iterations.max(0) {
-            self.bilateral_iteration(p);
-        }
-        let t5 = Instant::now();
-
-        // 5–6. Auto-levels, quantize, compose, pack.
-        let levels = if p.auto_levels != 0 {
-            self.statistics.levels()
-        } else {
-            None
-        };
-        self.compose(p, levels, output);
-        let t6 = Instant::now();
-        self.times = StageTimes {
-            unpack_analysis: t1 - t0,
-            smoothing_to_edges: t2 - t1,
-            temporal: t3 - t2,
-            edges: t4 - t3,
-            smoothing_after_edges: t5 - t4,
-            compose: t6 - t5,
-        };
-        FrameReport {
-            scene_cut,
-            scene_score,
-            history_used,
-        }
+        self.s.analyse(input)
     }
 
     /// One bilateral iteration (x pass then y pass) over luma and chroma, in place.
     fn bilateral_iteration(&mut self, p: &ToonParams) {
-        let (w, h) = (self.geometry.width, self.geometry.height);
-        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let (isa, pool) = (self.isa, &self.pool);
+        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
+        let (cw, ch) = (
+            self.s.geometry.chroma_width(),
+            self.s.geometry.chroma_height(),
+        );
+        let (isa, pool) = (self.isa, &self.s.pool);
         let (lr, cr) = (p.luma_radius as usize, p.chroma_radius as usize);
         let coeff = p.range_coeff;
 
-        let src = &self.l;
-        pool.for_row_bands(&mut self.tmp_l, w, h, |first, rows, out| {
+        let src = &self.s.l;
+        pool.for_row_bands(&mut self.s.tmp_l, w, h, |first, rows, out| {
             k::bilateral_luma_x(isa, src, w, first, rows, out, &p.luma_spatial, lr, coeff);
         });
-        let (su, sv) = self.uv.split_at(cw * ch);
-        let (tu, tv) = self.tmp_uv.split_at_mut(cw * ch);
+        let (su, sv) = self.s.uv.split_at(cw * ch);
+        let (tu, tv) = self.s.tmp_uv.split_at_mut(cw * ch);
         pool.for_row_bands2(tu, tv, cw, ch, |first, rows, ou, ov| {
             k::bilateral_chroma_x(
                 isa,
@@ -276,8 +186,8 @@ impl FastPipeline {
             }
         }
         let scratch = &self.scratch;
-        let src = &self.tmp_l;
-        pool.for_row_bands(&mut self.l, w, h, |first, rows, out| {
+        let src = &self.s.tmp_l;
+        pool.for_row_bands(&mut self.s.l, w, h, |first, rows, out| {
             with_scratch(scratch, k::vertical_scratch_len(w, lr), |s| {
                 k::bilateral_luma_y(
                     isa,
@@ -294,8 +204,8 @@ impl FastPipeline {
                 );
             });
         });
-        let (su, sv) = self.tmp_uv.split_at(cw * ch);
-        let (ou, ov) = self.uv.split_at_mut(cw * ch);
+        let (su, sv) = self.s.tmp_uv.split_at(cw * ch);
+        let (ou, ov) = self.s.uv.split_at_mut(cw * ch);
         pool.for_row_bands2(ou, ov, cw, ch, |first, rows, ou, ov| {
             with_scratch(scratch, k::vertical_scratch_len(cw, cr), |s| {
                 k::bilateral_chroma_y(
@@ -319,17 +229,17 @@ impl FastPipeline {
 
     /// Filters the current features against the `used` most recent ring entries into tmp.
     fn temporal(&mut self, p: &ToonParams, used: usize) {
-        let (w, h) = (self.geometry.width, self.geometry.height);
-        let nc = self.geometry.chroma_pixels();
-        let cw = self.geometry.chroma_width();
-        let (isa, pool) = (self.isa, &self.pool);
+        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
+        let nc = self.s.geometry.chroma_pixels();
+        let cw = self.s.geometry.chroma_width();
+        let (isa, pool) = (self.isa, &self.s.pool);
         // The ring entries, newest first, in arrays on the stack (the ring holds at most
         // MAX_HISTORY entries that take part).
         let used = used.min(MAX_HISTORY as usize);
         let mut luma: [&[f32]; MAX_HISTORY as usize] = [&[]; MAX_HISTORY as usize];
         let mut chroma: [&[f32]; MAX_HISTORY as usize] = [&[]; MAX_HISTORY as usize];
         for i in 0..used {
-            let f = self.ring.recent(i + 1).expect("ring entry in range");
+            let f = self.s.ring.recent(i + 1).expect("ring entry in range");
             luma[i] = &f.l;
             chroma[i] = &f.uv;
         }
@@ -338,21 +248,21 @@ impl FastPipeline {
             strength: p.temporal_strength,
             coeff: p.motion_coeff,
         };
-        let cur = &self.l;
-        pool.for_row_bands(&mut self.tmp_l, w, h, |first, rows, out| {
+        let cur = &self.s.l;
+        pool.for_row_bands(&mut self.s.tmp_l, w, h, |first, rows, out| {
             k::temporal_luma(isa, cur, first * w, &mut out[..rows * w], &luma_inputs);
         });
         let chroma_inputs = TemporalInputs {
             history: &chroma[..used],
             ..luma_inputs
         };
-        let (cu, cv) = self.uv.split_at(nc);
-        let (ou, ov) = self.tmp_uv.split_at_mut(nc);
+        let (cu, cv) = self.s.uv.split_at(nc);
+        let (ou, ov) = self.s.tmp_uv.split_at_mut(nc);
         pool.for_row_bands2(
             ou,
             ov,
             cw,
-            self.geometry.chroma_height(),
+            self.s.geometry.chroma_height(),
             |first, rows, ou, ov| {
                 let n = rows * cw;
                 k::temporal_chroma(
@@ -369,39 +279,48 @@ impl FastPipeline {
         );
     }
 
-    /// DoG edges of the current luma plane into `self.edge` (the blended factor E').
+    /// DoG edges of the current luma plane into `self.s.edge` (the blended factor E').
     fn edges(&mut self, p: &ToonParams) {
-        let (w, h) = (self.geometry.width, self.geometry.height);
-        let (isa, pool) = (self.isa, &self.pool);
+        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
+        let (isa, pool) = (self.isa, &self.s.pool);
         let dog = DogWeights::new(p);
-        let src = &self.l;
-        pool.for_row_bands2(&mut self.dog1, &mut self.dog2, w, h, |first, rows, a, b| {
-            k::dog_x(isa, src, w, first, rows, a, b, &dog);
-        });
+        let src = &self.s.l;
+        pool.for_row_bands2(
+            &mut self.s.dog1,
+            &mut self.s.dog2,
+            w,
+            h,
+            |first, rows, a, b| {
+                k::dog_x(isa, src, w, first, rows, a, b, &dog);
+            },
+        );
         let inputs = EdgeInputs {
             dog: &dog,
             tau: p.edge_tau,
             sharpness: p.edge_sharpness,
             strength: p.edge_strength,
         };
-        let (d1, d2) = (&self.dog1, &self.dog2);
-        pool.for_row_bands(&mut self.edge, w, h, |first, rows, out| {
+        let (d1, d2) = (&self.s.dog1, &self.s.dog2);
+        pool.for_row_bands(&mut self.s.edge, w, h, |first, rows, out| {
             k::dog_y_edges(isa, d1, d2, w, h, first, rows, out, &inputs);
         });
     }
 
     /// Quantize, compose with the edges and pack NV12.
     fn compose(&mut self, p: &ToonParams, levels: Option<(f32, f32)>, output: &mut Nv12FrameMut) {
-        let (w, h) = (self.geometry.width, self.geometry.height);
-        let (cw, ch) = (self.geometry.chroma_width(), self.geometry.chroma_height());
-        let (isa, pool) = (self.isa, &self.pool);
+        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
+        let (cw, ch) = (
+            self.s.geometry.chroma_width(),
+            self.s.geometry.chroma_height(),
+        );
+        let (isa, pool) = (self.isa, &self.s.pool);
         let inputs = ComposeInputs {
             levels,
             levels_count: p.levels,
             level_sharpness: p.level_sharpness,
             saturation: p.saturation,
         };
-        let (fl, edge) = (&self.l, &self.edge);
+        let (fl, edge) = (&self.s.l, &self.s.edge);
         let y_stride = output.y_stride;
         pool.for_row_bands(output.y, y_stride, h, |first, rows, out| {
             for r in 0..rows {
@@ -415,7 +334,7 @@ impl FastPipeline {
                 );
             }
         });
-        let (u, v) = self.uv.split_at(cw * ch);
+        let (u, v) = self.s.uv.split_at(cw * ch);
         let uv_stride = output.uv_stride;
         pool.for_row_bands(output.uv, uv_stride, ch, |first, rows, out| {
             for r in 0..rows {

@@ -57,11 +57,7 @@ impl Toonflow {
                 EngineEvent::Log(Level::Info, text) => gst::info!(CAT, imp = self, "{text}"),
                 EngineEvent::Log(Level::Warning, text) => gst::warning!(CAT, imp = self, "{text}"),
                 EngineEvent::FellBack(reason) => {
-                    gst::warning!(
-                        CAT,
-                        imp = self,
-                        "{reason}; falling back to the CPU backend"
-                    );
+                    gst::warning!(CAT, imp = self, "{reason}; falling back to the CPU backend");
                     gst::element_imp_warning!(
                         self,
                         gst::LibraryError::Init,
