@@ -17,6 +17,7 @@ pub mod fault;
 pub mod graph;
 pub mod kernels;
 mod launch;
+pub mod neural;
 mod pinned;
 mod pipeline;
 pub mod plan;
