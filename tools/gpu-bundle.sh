@@ -8,6 +8,7 @@
 #                   the CPU-only ones (CPU_ONLY_TESTS; TOONFLOW_GPU_BUNDLE_SKIP overrides the list)
 #   .gpu/bin/       the project's release executables (toonflow-bench) and tools/h200.sh
 #   .gpu/frei0r/    frei0r's cartoon filter, the benchmark's speed peer (when installed here)
+#   .gpu/wheels/    onnx2torch for the PyTorch peer (tools/peers/fetch-wheels.sh)
 #   .gpu/env.sh     source it first on the GPU machine
 #   .gpu/run-tests.sh  runs every test executable of the bundle
 # Usage, from anywhere inside the checkout:  tools/gpu-bundle.sh [extra cargo args]
@@ -119,6 +120,9 @@ done
 exit $rc
 RUN
 chmod +x "$out/run-tests.sh"
+# The PyTorch peer's onnx2torch (tools/peers/torch_peer.py; the GPU machine has no network).
+tools/peers/fetch-wheels.sh "$out/wheels" >/dev/null ||
+  echo "gpu-bundle: no onnx2torch wheel (offline?): tools/h200.sh peer will not run" >&2
 size_mib=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: ${size_mib} MiB in .gpu/"
 if ((size_mib >= 64)); then

@@ -3,7 +3,7 @@
 #   here:   tools/h200.sh --pack        builds .gpu/ (tools/gpu-bundle.sh: plugin, tests, bench,
 #                                       GStreamer runtime, frei0r's cartoon filter)
 #   there:  source .gpu/env.sh && tools/h200.sh <step...>
-#           steps: parity fast-parity report fast-report element faults soak bench stats
+#           steps: parity fast-parity report fast-report element faults soak bench peer stats
 # Writes logs under $OUT when set.
 set -uo pipefail
 if [ "${1:-}" = "--pack" ]; then
@@ -29,6 +29,9 @@ for step in "$@"; do
         soak) TOONFLOW_TEST_BACKEND=cuda .gpu/tests/hardening-* --nocapture soak 2>&1 | tee -a "$out/soak.log" | grep -E "soak|result|panicked" || rc=1 ;;
         bench) .gpu/bin/toonflow-bench --sizes 720p,1080p,1440p,4k --modes cuda-eager,cuda-graph,frei0r \
                    --precisions fp16,fp32 --frames 2000 --cpu-frames 3 --reps 3 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || rc=1 ;;
+        peer) # the PyTorch peer on the same ONNX files: TOONFLOW_PEER_MODELS="a.onnx b.onnx"
+            python3 tools/peers/torch_peer.py ${TOONFLOW_PEER_MODELS:?names the .onnx files} \
+                --json "$out/peer.jsonl" 2>&1 | tee "$out/peer.txt" || rc=1 ;;
         stats) gst-launch-1.0 -m videotestsrc num-buffers=300 ! video/x-raw,format=NV12,width=1920,height=1080 ! \
                    toonflow stats-interval=100 ! fakesink 2>&1 | grep -E "toonflow-stats" | tail -2 ;;
     esac

@@ -19,6 +19,9 @@ use crate::memplan::{ALIGN, ArenaPlan, BufferRequest};
 /// inferred once there to check the graph and measure its downsampling.
 const PROBE_SIZE: usize = 256;
 
+/// Sees each stage output after its stage: `(stage index, value name, value)`; may change it.
+pub type StageObserver<'a> = &'a mut dyn FnMut(usize, &str, &mut Value);
+
 /// A checked model, ready to be specialised for a frame size.
 #[derive(Debug, Clone)]
 pub struct NeuralModel {
@@ -251,6 +254,11 @@ pub struct Specialised {
 }
 
 impl Specialised {
+    /// The model's name (its file name).
+    pub fn model_name(&self) -> &str {
+        &self.model
+    }
+
     pub fn input_shape(&self) -> [usize; 4] {
         self.input_shape
     }
@@ -418,6 +426,18 @@ impl Specialised {
         input: &Tensor<f32>,
         stats_hook: Option<StatsHook<'_>>,
     ) -> Result<Tensor<f32>, NeuralError> {
+        self.run_observed(input, stats_hook, None)
+    }
+
+    /// [`run`](Self::run), and `observer` sees every stage output right after its stage ran
+    /// (stage index, value name, value) and may change it before later stages read it
+    /// (calibration records ranges; precision emulation rounds to fp16).
+    pub fn run_observed(
+        &self,
+        input: &Tensor<f32>,
+        stats_hook: Option<StatsHook<'_>>,
+        mut observer: Option<StageObserver<'_>>,
+    ) -> Result<Tensor<f32>, NeuralError> {
         self.check_input(input)?;
         let mut hook = stats_hook;
         let mut values: HashMap<String, Value> = HashMap::new();
@@ -434,6 +454,9 @@ impl Specialised {
                          said {expected:?}",
                         self.model, stage.name
                     )));
+                }
+                if let (Some(observe), Some(v)) = (observer.as_mut(), values.get_mut(o)) {
+                    observe(i, o, v);
                 }
             }
             // free what no later stage reads

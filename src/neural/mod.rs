@@ -10,6 +10,7 @@ pub mod graph;
 pub mod lower;
 pub mod onnx;
 pub mod ops;
+pub mod precision;
 pub mod shapes;
 pub mod temporal;
 pub mod tensor;

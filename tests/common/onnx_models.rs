@@ -297,8 +297,14 @@ pub fn tiny_like() -> ModelProto {
 /// self-modulated normalizations, one Softmax over all H/8·W/8 positions, an
 /// InstanceNormalization (not in AnimeGANv3; the engine supports it), 3 upsamplings.
 pub fn hayao_like() -> ModelProto {
+    hayao_like_channels([4, 8, 12, 16], "hayao_like")
+}
+
+/// [`hayao_like`] with channel counts `ch` per resolution level (full, 1/2, 1/4, 1/8): with
+/// [32, 64, 128, 256] it is Hayao-class in work (≈ 300 GMAC at 1080p, the real Hayao_36 has
+/// 236), for speed measurements.
+pub fn hayao_like_channels(ch: [usize; 4], name: &str) -> ModelProto {
     let mut b = Builder::new(0x4a7a0);
-    let ch = [4usize, 8, 12, 16];
     let mut x = stem(&mut b, ch[0]);
     let mut skips = vec![x.clone()];
     for i in 0..3 {
@@ -332,7 +338,7 @@ pub fn hayao_like() -> ModelProto {
         x = b.modulated_norm(&a, ch[i]);
     }
     let out = head(&mut b, &x, ch[0]);
-    let mut m = b.finish("input", &out, &[1, -1, -1, 3], "hayao_like");
+    let mut m = b.finish("input", &out, &[1, -1, -1, 3], name);
     rename_output(&mut m, &out, "output");
     m
 }

@@ -1,0 +1,793 @@
+//! Calibrated storage precision: which stage outputs the GPU path may store in fp16.
+//!
+//! `precision=fp16` means mixed precision, decided as the system toonflow descends from did it:
+//! run a few calibration frames through the CPU reference (f32), record every stage output's
+//! range and the magnitude of every normalization's per-channel statistics, then keep fp32
+//! storage for a stage output when fp16 would
+//! - **overflow**: its absolute maximum, times [`OVERFLOW_HEADROOM`] (the calibration frames are
+//!   not every frame), reaches fp16's largest value 65504;
+//! - **lose the variance**: a normalization divides it by its per-channel standard deviation,
+//!   and fp16's rounding step at the channel's magnitude is no longer small against that
+//!   deviation (a channel of mean 500 and deviation 0.01 is all rounding noise in fp16), i.e.
+//!   the rounding noise after normalization exceeds [`VARIANCE_TOLERANCE`] of the normalized
+//!   unit;
+//! - **underflow**: its root-mean-square lies below fp16's smallest normal value (2^-14), where
+//!   the relative step grows (a softmax over 32,400 positions at 1080p writes ~3e-5).
+//!
+//! Everything else is stored in fp16. Normalization statistics, and per-channel values derived
+//! from them (`[N, C, 1, 1]` outputs such as √(var + eps)), are always fp32. Accumulation is always fp32;
+//! this module decides storage only.
+//!
+//! [`calibrate`] drives the CPU engine; [`Calibrator`] is the recorder behind it, so another
+//! executor (the GPU path in its fp32 mode) can feed it stage outputs and statistics itself.
+//! [`PrecisionPlan::ledger`] prints one line per stage with its decision and the figures behind
+//! it; [`emulate`] runs the CPU reference with every fp16 stage output rounded to fp16, which is
+//! how the decisions are tested.
+
+use std::collections::HashMap;
+
+use super::NeuralError;
+use super::engine::Specialised;
+use super::lower::StageKind;
+use super::tensor::{Tensor, Value};
+
+/// fp16's largest finite value.
+pub const FP16_MAX: f32 = 65504.0;
+/// fp16's smallest normal value, 2^-14.
+pub const FP16_MIN_NORMAL: f32 = 6.103_515_6e-5;
+/// A stage output is fp32 when its calibrated absolute maximum times this reaches
+/// [`FP16_MAX`]: two bits of headroom for frames brighter or busier than the calibration set.
+pub const OVERFLOW_HEADROOM: f32 = 4.0;
+/// A normalized stage output is fp32 when fp16's rounding noise (step/√12 at the channel's
+/// root-mean-square), divided by the channel's standard deviation, exceeds this: 1/256 of the
+/// normalized unit.
+pub const VARIANCE_TOLERANCE: f32 = 1.0 / 256.0;
+/// The epsilon a normalization adds to the variance (AnimeGANv3's and InstanceNormalization's
+/// default): a constant channel divides by √eps, not by 0.
+pub const NORM_EPS: f32 = 1e-5;
+
+/// How a stage output is stored in device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoragePrecision {
+    Fp16,
+    Fp32,
+}
+
+impl StoragePrecision {
+    pub fn bytes(self) -> u64 {
+        match self {
+            StoragePrecision::Fp16 => 2,
+            StoragePrecision::Fp32 => 4,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            StoragePrecision::Fp16 => "fp16",
+            StoragePrecision::Fp32 => "fp32",
+        }
+    }
+}
+
+/// Why a stage got its precision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reason {
+    /// Calibrated: fp16 keeps its range and, where it is normalized, its variance.
+    Fits,
+    /// Calibrated absmax × [`OVERFLOW_HEADROOM`] ≥ [`FP16_MAX`].
+    Overflow,
+    /// fp16 rounding noise / channel deviation > [`VARIANCE_TOLERANCE`] (worst channel).
+    Variance,
+    /// Root-mean-square below [`FP16_MIN_NORMAL`] (and not all zero).
+    Underflow,
+    /// The stage writes normalization statistics or per-channel values derived from them:
+    /// always fp32.
+    Statistics,
+    /// Not a float activation, or never observed: kept fp32.
+    Unobserved,
+    /// Set for every stage ([`PrecisionPlan::all`], e.g. `precision=fp32`).
+    Uniform,
+}
+
+impl Reason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::Fits => "fits fp16",
+            Reason::Overflow => "overflow",
+            Reason::Variance => "variance",
+            Reason::Underflow => "underflow",
+            Reason::Statistics => "statistics",
+            Reason::Unobserved => "unobserved",
+            Reason::Uniform => "uniform",
+        }
+    }
+}
+
+/// One stage's decision and the calibrated figures behind it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageDecision {
+    pub precision: StoragePrecision,
+    pub reason: Reason,
+    /// "conv", "normalize", ... (empty for a uniform plan).
+    pub kind: &'static str,
+    pub name: String,
+    /// Largest |x| over the calibration frames (NaN when not observed).
+    pub absmax: f32,
+    /// Root-mean-square over the calibration frames (NaN when not observed).
+    pub rms: f32,
+    /// When a normalization reads this output: the worst channel's fp16 rounding noise over its
+    /// standard deviation.
+    pub norm_noise: Option<f32>,
+}
+
+/// Storage precision per stage output (one entry per lowered stage).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrecisionPlan {
+    /// What the plan is for: model and size, or "uniform".
+    pub label: String,
+    /// Calibration frames seen (0 for a uniform plan).
+    pub frames: usize,
+    pub decisions: Vec<StageDecision>,
+}
+
+impl PrecisionPlan {
+    /// Every one of `stages` stage outputs in `precision` (`precision=fp32`, or a first run
+    /// before calibration).
+    pub fn all(stages: usize, precision: StoragePrecision) -> Self {
+        let decision = StageDecision {
+            precision,
+            reason: Reason::Uniform,
+            kind: "",
+            name: String::new(),
+            absmax: f32::NAN,
+            rms: f32::NAN,
+            norm_noise: None,
+        };
+        PrecisionPlan {
+            label: format!("uniform {}", precision.label()),
+            frames: 0,
+            decisions: vec![decision; stages],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.decisions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.decisions.is_empty()
+    }
+
+    /// Stage `i`'s output storage; fp32 for an index the plan does not cover.
+    pub fn stage(&self, i: usize) -> StoragePrecision {
+        self.decisions
+            .get(i)
+            .map_or(StoragePrecision::Fp32, |d| d.precision)
+    }
+
+    /// Bytes per element of stage `i`'s output.
+    pub fn bytes_per_element(&self, i: usize) -> u64 {
+        self.stage(i).bytes()
+    }
+
+    /// Stages stored in `precision`.
+    pub fn count(&self, precision: StoragePrecision) -> usize {
+        self.decisions
+            .iter()
+            .filter(|d| d.precision == precision)
+            .count()
+    }
+
+    /// One line per stage: index, kind, precision, reason, absmax, rms, worst normalized noise,
+    /// name.
+    pub fn ledger_lines(&self) -> Vec<String> {
+        let sci = |v: f32| {
+            if v.is_nan() {
+                "-".to_string()
+            } else {
+                format!("{v:.2e}")
+            }
+        };
+        self.decisions
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let noise = d.norm_noise.map_or("-".to_string(), |n| format!("{n:.1e}"));
+                format!(
+                    "  stage {i:>3} {:<11} {}  {:<10}  absmax {:>9}  rms {:>9}  norm noise {:>7}  {}",
+                    d.kind,
+                    d.precision.label(),
+                    d.reason.label(),
+                    sci(d.absmax),
+                    sci(d.rms),
+                    noise,
+                    d.name
+                )
+            })
+            .collect()
+    }
+
+    /// A header, [`ledger_lines`](Self::ledger_lines) and the counts.
+    pub fn ledger(&self) -> String {
+        let mut s = format!(
+            "precision plan of {} ({} stages, {} calibration frames; fp32 when absmax x{} \
+             >= {FP16_MAX}, normalized noise > 1/{:.0}, or rms < 2^-14):\n",
+            self.label,
+            self.len(),
+            self.frames,
+            OVERFLOW_HEADROOM,
+            1.0 / VARIANCE_TOLERANCE
+        );
+        for l in self.ledger_lines() {
+            s.push_str(&l);
+            s.push('\n');
+        }
+        s.push_str(&format!(
+            "  {} stages fp16, {} fp32\n",
+            self.count(StoragePrecision::Fp16),
+            self.count(StoragePrecision::Fp32)
+        ));
+        s
+    }
+}
+
+/// fp16's rounding step at magnitude `m` (the spacing of fp16 values there).
+pub fn fp16_step(m: f32) -> f32 {
+    let m = m.abs();
+    if m < FP16_MIN_NORMAL {
+        return f32::from_bits(0x3380_0000); // 2^-24, the subnormal spacing
+    }
+    let exponent = (((m.to_bits() >> 23) & 0xff) as i32 - 127).min(15);
+    2f32.powi(exponent - 10)
+}
+
+/// `x` rounded to the nearest fp16 value (ties to even), as f32: what storing it in fp16 and
+/// reading it back gives. Overflow gives ±infinity, NaN stays NaN.
+pub fn round_to_fp16(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    let step = fp16_step(x);
+    // x / step and back are exact (powers of two, within f32's range)
+    let r = (x / step).round_ties_even() * step;
+    if r.abs() > FP16_MAX {
+        f32::INFINITY.copysign(x)
+    } else {
+        r
+    }
+}
+
+/// Running figures of one stage output.
+#[derive(Debug, Clone, Copy, Default)]
+struct Range {
+    seen: bool,
+    float: bool,
+    /// A NaN or infinity was written (already out of range in f32).
+    non_finite: bool,
+    absmax: f32,
+    sum_squares: f64,
+    count: u64,
+}
+
+impl Range {
+    fn record(&mut self, data: &[f32]) {
+        if !self.seen {
+            self.float = true;
+        }
+        self.seen = true;
+        let mut sum = 0.0f64;
+        for &v in data {
+            if v.is_finite() {
+                self.absmax = self.absmax.max(v.abs());
+                sum += f64::from(v) * f64::from(v);
+            } else {
+                self.non_finite = true;
+            }
+        }
+        self.sum_squares += sum;
+        self.count += data.len() as u64;
+    }
+}
+
+/// Records stage outputs and normalization statistics over calibration frames, then decides.
+/// [`calibrate`] feeds it from the CPU engine; another executor can feed it the same way
+/// (stage outputs in any layout: only magnitudes are recorded).
+#[derive(Debug, Clone)]
+pub struct Calibrator {
+    label: String,
+    kinds: Vec<&'static str>,
+    names: Vec<String>,
+    /// Stage writing statistics only (mean/variance of a moments pattern).
+    statistics_only: Vec<bool>,
+    /// Value name → (stage that writes it).
+    producer: HashMap<String, usize>,
+    /// Normalize index → the stage whose output it normalizes (None: the network's input).
+    normalized_producer: Vec<Option<usize>>,
+    ranges: Vec<Range>,
+    /// Per stage: the worst normalized fp16 noise seen through the statistics.
+    norm_noise: Vec<Option<f32>>,
+    frames: usize,
+}
+
+impl Calibrator {
+    pub fn new(spec: &Specialised) -> Self {
+        let lowered = spec.lowered();
+        let stages = &lowered.stages;
+        let mut producer = HashMap::new();
+        for (i, s) in stages.iter().enumerate() {
+            for o in &s.outputs {
+                producer.insert(o.clone(), i);
+            }
+        }
+        let mut normalized_producer = vec![None; lowered.normalize_channels.len()];
+        for s in stages {
+            if let Some(st) = &s.stats
+                && let Some(slot) = normalized_producer.get_mut(st.index)
+            {
+                *slot = producer.get(&st.input).copied();
+            }
+        }
+        // statistics, and per-channel values derived from them ([N, C, 1, 1]: √(var + eps),
+        // scales), are always fp32: they are tiny and every pixel of a channel reads them
+        let per_channel = |v: &String| {
+            lowered
+                .shapes
+                .get(v)
+                .is_some_and(|s| s.len() >= 3 && s[2..].iter().product::<usize>() == 1)
+        };
+        let statistics_only = stages
+            .iter()
+            .map(|s| {
+                let moments = s.kind == StageKind::Normalize
+                    && s.stats.as_ref().is_some_and(|st| st.instance.is_none());
+                moments || (!s.outputs.is_empty() && s.outputs.iter().all(per_channel))
+            })
+            .collect();
+        let [_, a, b, c] = spec.input_shape();
+        let size = if a == 3 {
+            format!("{c}x{b}")
+        } else {
+            format!("{b}x{a}")
+        };
+        Calibrator {
+            label: format!("{} {size}", spec.model_name()),
+            kinds: stages.iter().map(|s| s.kind.label()).collect(),
+            names: stages.iter().map(|s| s.name.clone()).collect(),
+            statistics_only,
+            producer,
+            normalized_producer,
+            ranges: vec![Range::default(); stages.len()],
+            norm_noise: vec![None; stages.len()],
+            frames: 0,
+        }
+    }
+
+    /// Counts one calibration frame (call once per frame, before or after its records).
+    pub fn frame_done(&mut self) {
+        self.frames += 1;
+    }
+
+    /// Stage `stage` wrote `value` (any float layout).
+    pub fn record_output(&mut self, stage: usize, value: &Value) {
+        match value {
+            Value::Float(t) => self.record_output_data(stage, &t.data),
+            Value::Int(_) => {
+                if let Some(r) = self.ranges.get_mut(stage) {
+                    r.seen = true;
+                    r.float = false;
+                }
+            }
+        }
+    }
+
+    /// Stage `stage` wrote `data` (f32 values, e.g. read back from another executor).
+    pub fn record_output_data(&mut self, stage: usize, data: &[f32]) {
+        if let Some(r) = self.ranges.get_mut(stage) {
+            r.record(data);
+        }
+    }
+
+    /// Normalization `index` computed these per-channel statistics of its input.
+    pub fn record_stats(&mut self, index: usize, mean: &[f32], var: &[f32]) {
+        let Some(&Some(stage)) = self.normalized_producer.get(index) else {
+            return;
+        };
+        let worst = mean
+            .iter()
+            .zip(var)
+            .map(|(&m, &v)| {
+                let v = v.max(0.0);
+                let rms = (m * m + v).sqrt();
+                let noise = fp16_step(rms) / 12f32.sqrt();
+                noise / (v + NORM_EPS).sqrt()
+            })
+            .fold(0.0f32, f32::max);
+        let slot = &mut self.norm_noise[stage];
+        *slot = Some(slot.map_or(worst, |w| w.max(worst)));
+    }
+
+    /// The decision per stage from what was recorded.
+    pub fn finish(&self) -> PrecisionPlan {
+        let decisions = (0..self.ranges.len())
+            .map(|i| {
+                let r = self.ranges[i];
+                let rms = if r.count > 0 {
+                    (r.sum_squares / r.count as f64).sqrt() as f32
+                } else {
+                    f32::NAN
+                };
+                let (absmax, rms) = if r.seen && r.float {
+                    (r.absmax, rms)
+                } else {
+                    (f32::NAN, f32::NAN)
+                };
+                let noise = self.norm_noise[i];
+                let reason = if self.statistics_only[i] {
+                    Reason::Statistics
+                } else if !r.seen || !r.float || r.count == 0 {
+                    Reason::Unobserved
+                } else if r.non_finite || absmax * OVERFLOW_HEADROOM >= FP16_MAX {
+                    Reason::Overflow
+                } else if noise.is_some_and(|n| n > VARIANCE_TOLERANCE) {
+                    Reason::Variance
+                } else if rms < FP16_MIN_NORMAL && absmax > 0.0 {
+                    Reason::Underflow
+                } else {
+                    Reason::Fits
+                };
+                StageDecision {
+                    precision: if reason == Reason::Fits {
+                        StoragePrecision::Fp16
+                    } else {
+                        StoragePrecision::Fp32
+                    },
+                    reason,
+                    kind: self.kinds[i],
+                    name: self.names[i].clone(),
+                    absmax,
+                    rms,
+                    norm_noise: noise,
+                }
+            })
+            .collect();
+        PrecisionPlan {
+            label: self.label.clone(),
+            frames: self.frames,
+            decisions,
+        }
+    }
+
+    /// The stage writing `value`, if a stage does.
+    pub fn producer_of(&self, value: &str) -> Option<usize> {
+        self.producer.get(value).copied()
+    }
+}
+
+/// Runs `frames` (the model's layout and value range, the specialised size) through the CPU
+/// reference and decides each stage's storage precision.
+pub fn calibrate(spec: &Specialised, frames: &[Tensor<f32>]) -> Result<PrecisionPlan, NeuralError> {
+    if frames.is_empty() {
+        return Err(NeuralError::Model(format!(
+            "calibrating '{}' needs at least one frame",
+            spec.model_name()
+        )));
+    }
+    let mut calibrator = Calibrator::new(spec);
+    for frame in frames {
+        let stats = std::cell::RefCell::new(Vec::new());
+        let mut hook = |index: usize, mean: &mut [f32], var: &mut [f32]| {
+            stats
+                .borrow_mut()
+                .push((index, mean.to_vec(), var.to_vec()));
+        };
+        let mut observe = |stage: usize, _name: &str, value: &mut Value| {
+            calibrator.record_output(stage, value);
+        };
+        spec.run_observed(frame, Some(&mut hook), Some(&mut observe))?;
+        for (index, mean, var) in stats.into_inner() {
+            calibrator.record_stats(index, &mean, &var);
+        }
+        calibrator.frame_done();
+    }
+    Ok(calibrator.finish())
+}
+
+/// The CPU reference with every stage output the plan stores in fp16 rounded to fp16 before
+/// later stages read it (statistics and accumulation stay f32): what the plan's storage costs
+/// in accuracy, without a GPU.
+pub fn emulate(
+    spec: &Specialised,
+    plan: &PrecisionPlan,
+    input: &Tensor<f32>,
+) -> Result<Tensor<f32>, NeuralError> {
+    if plan.len() != spec.stage_count() {
+        return Err(NeuralError::Model(format!(
+            "precision plan of {} stages for '{}', which has {}",
+            plan.len(),
+            spec.model_name(),
+            spec.stage_count()
+        )));
+    }
+    let mut round = |stage: usize, _name: &str, value: &mut Value| {
+        if plan.stage(stage) == StoragePrecision::Fp16
+            && let Value::Float(t) = value
+        {
+            t.data.iter_mut().for_each(|v| *v = round_to_fp16(*v));
+        }
+    };
+    spec.run_observed(input, None, Some(&mut round))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::neural::engine::NeuralModel;
+    use crate::neural::onnx::*;
+
+    #[test]
+    fn fp16_rounding_matches_the_format() {
+        assert_eq!(round_to_fp16(1.0), 1.0);
+        assert_eq!(round_to_fp16(0.1), 0.099_975_586);
+        assert_eq!(round_to_fp16(-2049.0), -2048.0); // tie to even
+        assert_eq!(round_to_fp16(2051.0), 2052.0);
+        assert_eq!(round_to_fp16(65504.0), 65504.0);
+        assert_eq!(round_to_fp16(65519.0), 65504.0);
+        assert_eq!(round_to_fp16(65520.0), f32::INFINITY);
+        assert_eq!(round_to_fp16(-1e6), f32::NEG_INFINITY);
+        assert_eq!(round_to_fp16(5.960_464_5e-8), 5.960_464_5e-8); // smallest subnormal
+        assert_eq!(round_to_fp16(2e-8), 0.0);
+        assert_eq!(round_to_fp16(1e-6), 1.013_279e-6); // 17 subnormal steps
+        assert!(round_to_fp16(f32::NAN).is_nan());
+        // every fp16 value survives; f16_to_f32 decodes the format independently
+        for bits in (0u16..0x7c00).step_by(7) {
+            let v = f16_to_f32(bits);
+            assert_eq!(round_to_fp16(v), v, "bits {bits:#x}");
+            assert_eq!(round_to_fp16(-v), -v);
+        }
+        assert_eq!(fp16_step(1.0), 2f32.powi(-10));
+        assert_eq!(fp16_step(500.0), 0.25);
+    }
+
+    /// NCHW `[1, 3, H, W]` → `body` → `[1, 3, H, W]`.
+    fn model_of(nodes: Vec<NodeProto>, inits: Vec<TensorProto>, output: &str) -> NeuralModel {
+        let g = GraphProto {
+            name: "precision_test".into(),
+            node: nodes,
+            initializer: inits,
+            input: vec![value_info("input", data_type::FLOAT, &[1, 3, -1, -1])],
+            output: vec![value_info(output, data_type::FLOAT, &[1, 3, -1, -1])],
+            ..Default::default()
+        };
+        let bytes = encode_model(&model(g, 15));
+        NeuralModel::from_bytes(&bytes, "precision_test").unwrap()
+    }
+
+    /// A 1x1 conv `cin → cout`: every weight `w`, every bias `b`.
+    fn conv1x1(
+        x: &str,
+        out: &str,
+        cin: usize,
+        cout: usize,
+        w: f32,
+        b: f32,
+    ) -> (NodeProto, Vec<TensorProto>) {
+        let (wn, bn) = (format!("{out}_w"), format!("{out}_b"));
+        (
+            node(
+                "Conv",
+                &[x, &wn, &bn],
+                &[out],
+                vec![attr_ints("kernel_shape", &[1, 1])],
+            ),
+            vec![
+                float_tensor(&wn, &[cout as i64, cin as i64, 1, 1], &vec![w; cin * cout]),
+                float_tensor(&bn, &[cout as i64], &vec![b; cout]),
+            ],
+        )
+    }
+
+    fn frames(n: usize, h: usize, w: usize) -> Vec<Tensor<f32>> {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        (0..n)
+            .map(|_| {
+                let data = (0..3 * h * w)
+                    .map(|_| {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+                    })
+                    .collect();
+                Tensor::new(vec![1, 3, h, w], data)
+            })
+            .collect()
+    }
+
+    fn max_diff(a: &Tensor<f32>, b: &Tensor<f32>) -> f32 {
+        a.data
+            .iter()
+            .zip(&b.data)
+            .map(|(x, y)| {
+                if x.is_finite() && y.is_finite() {
+                    (x - y).abs()
+                } else {
+                    f32::INFINITY
+                }
+            })
+            .fold(0.0, f32::max)
+    }
+
+    /// The stage writing `value`.
+    fn stage_of(spec: &Specialised, value: &str) -> usize {
+        spec.lowered()
+            .stages
+            .iter()
+            .position(|s| s.outputs.iter().any(|o| o == value))
+            .unwrap_or_else(|| panic!("no stage writes {value}"))
+    }
+
+    /// Checks the calibrated plan against fp32 and all-fp16 under emulation; returns
+    /// (calibrated error, all-fp16 error).
+    fn errors(spec: &Specialised, plan: &PrecisionPlan, input: &Tensor<f32>) -> (f32, f32) {
+        let exact = spec.run(input, None).unwrap();
+        let calibrated = emulate(spec, plan, input).unwrap();
+        let fp16 = emulate(
+            spec,
+            &PrecisionPlan::all(spec.stage_count(), StoragePrecision::Fp16),
+            input,
+        )
+        .unwrap();
+        (max_diff(&exact, &calibrated), max_diff(&exact, &fp16))
+    }
+
+    #[test]
+    fn a_stage_beyond_the_fp16_range_is_fp32() {
+        // 3 → 4 channels with weights 30000: |x| up to 90000 → fp16 infinity; then back to
+        // ~[-1, 1] by weights 1e-5
+        let (c1, mut w) = conv1x1("input", "big", 3, 4, 30000.0, 0.0);
+        let (c2, w2) = conv1x1("big", "output", 4, 3, 1e-5, 0.0);
+        w.extend(w2);
+        let spec = model_of(vec![c1, c2], w, "output")
+            .specialise(8, 8)
+            .unwrap();
+        let f = frames(2, 8, 8);
+        let plan = calibrate(&spec, &f).unwrap();
+        print!("{}", plan.ledger());
+        let (big, out) = (stage_of(&spec, "big"), stage_of(&spec, "output"));
+        assert_eq!(plan.stage(big), StoragePrecision::Fp32);
+        assert_eq!(plan.decisions[big].reason, Reason::Overflow);
+        assert!(plan.decisions[big].absmax > 20000.0);
+        assert_eq!(plan.stage(out), StoragePrecision::Fp16);
+        assert_eq!(plan.decisions[out].reason, Reason::Fits);
+        assert_eq!(plan.frames, 2);
+        let (calibrated, fp16) = errors(&spec, &plan, &f[0]);
+        println!("overflow model: calibrated max error {calibrated:e}, all-fp16 {fp16:e}");
+        assert!(calibrated < 2e-3, "calibrated {calibrated}");
+        assert!(fp16.is_infinite(), "all-fp16 should overflow, error {fp16}");
+        // the ledger names the decision on the stage's line
+        let line = &plan.ledger_lines()[big];
+        assert!(line.contains("fp32") && line.contains("overflow"), "{line}");
+    }
+
+    /// x → conv 1x1 (identity × `gain`, bias `bias`) → normalized by its own per-channel
+    /// statistics (AnimeGANv3's GlobalAveragePool/Sub/Mul/GlobalAveragePool/Add/Sqrt/Div).
+    fn normalized_model(gain: f32, bias: f32) -> NeuralModel {
+        let (w, b) = ("g_w", "g_b");
+        let mut eye = vec![0.0f32; 9];
+        for c in 0..3 {
+            eye[c * 4] = gain;
+        }
+        let inits = vec![
+            float_tensor(w, &[3, 3, 1, 1], &eye),
+            float_tensor(b, &[3], &[bias; 3]),
+            float_tensor("eps", &[1, 1, 1, 1], &[1e-5]),
+        ];
+        let nodes = vec![
+            node(
+                "Conv",
+                &["input", w, b],
+                &["a"],
+                vec![attr_ints("kernel_shape", &[1, 1])],
+            ),
+            node("GlobalAveragePool", &["a"], &["mean"], vec![]),
+            node("Sub", &["a", "mean"], &["d"], vec![]),
+            node("Mul", &["d", "d"], &["sq"], vec![]),
+            node("GlobalAveragePool", &["sq"], &["var"], vec![]),
+            node("Add", &["var", "eps"], &["ve"], vec![]),
+            node("Sqrt", &["ve"], &["std"], vec![]),
+            node("Div", &["d", "std"], &["output"], vec![]),
+        ];
+        model_of(nodes, inits, "output")
+    }
+
+    #[test]
+    fn a_normalized_stage_whose_variance_fp16_cannot_resolve_is_fp32() {
+        // mean 500, deviation ~0.006: fp16's step at 500 is 0.25
+        let spec = normalized_model(0.01, 500.0).specialise(16, 16).unwrap();
+        let f = frames(2, 16, 16);
+        let plan = calibrate(&spec, &f).unwrap();
+        print!("{}", plan.ledger());
+        let a = stage_of(&spec, "a");
+        assert_eq!(plan.stage(a), StoragePrecision::Fp32);
+        assert_eq!(plan.decisions[a].reason, Reason::Variance);
+        assert!(plan.decisions[a].norm_noise.unwrap() > 1.0);
+        // the statistics stage is fp32, whatever the data
+        let stats: Vec<&StageDecision> = plan
+            .decisions
+            .iter()
+            .filter(|d| d.reason == Reason::Statistics)
+            .collect();
+        // the moments and √(var + eps)
+        assert_eq!(stats.len(), 2, "{}", plan.ledger());
+        assert!(stats.iter().all(|d| d.precision == StoragePrecision::Fp32));
+        assert!(plan.count(StoragePrecision::Fp16) >= 1, "{}", plan.ledger());
+        let (calibrated, fp16) = errors(&spec, &plan, &f[1]);
+        println!("variance model: calibrated max error {calibrated:e}, all-fp16 {fp16:e}");
+        assert!(calibrated < 1e-2, "calibrated {calibrated}");
+        assert!(fp16 > 0.5, "all-fp16 error {fp16}");
+
+        // the same network on a well-scaled activation stores it in fp16
+        let spec = normalized_model(1.0, 0.5).specialise(16, 16).unwrap();
+        let plan = calibrate(&spec, &f).unwrap();
+        let a = stage_of(&spec, "a");
+        assert_eq!(plan.stage(a), StoragePrecision::Fp16, "{}", plan.ledger());
+        assert!(plan.decisions[a].norm_noise.unwrap() < VARIANCE_TOLERANCE);
+        let (calibrated, _) = errors(&spec, &plan, &f[1]);
+        assert!(calibrated < 1e-2, "calibrated {calibrated}");
+    }
+
+    #[test]
+    fn a_stage_below_fp16_normals_is_fp32() {
+        // weights 1e-7: |x| ~ 3e-7, a few subnormal steps of fp16
+        let (c1, mut w) = conv1x1("input", "tiny", 3, 4, 1e-7, 0.0);
+        let (c2, w2) = conv1x1("tiny", "output", 4, 3, 1e6, 0.0);
+        w.extend(w2);
+        let spec = model_of(vec![c1, c2], w, "output")
+            .specialise(8, 8)
+            .unwrap();
+        let f = frames(1, 8, 8);
+        let plan = calibrate(&spec, &f).unwrap();
+        let tiny = stage_of(&spec, "tiny");
+        assert_eq!(
+            plan.decisions[tiny].reason,
+            Reason::Underflow,
+            "{}",
+            plan.ledger()
+        );
+        assert_eq!(
+            plan.stage(stage_of(&spec, "output")),
+            StoragePrecision::Fp16
+        );
+        let (calibrated, fp16) = errors(&spec, &plan, &f[0]);
+        println!("underflow model: calibrated max error {calibrated:e}, all-fp16 {fp16:e}");
+        assert!(calibrated < 2e-3 && fp16 > 2e-2, "{calibrated} {fp16}");
+    }
+
+    #[test]
+    fn uniform_plans_and_bad_calls() {
+        let spec = normalized_model(1.0, 0.0).specialise(8, 8).unwrap();
+        let n = spec.stage_count();
+        let plan = PrecisionPlan::all(n, StoragePrecision::Fp32);
+        assert_eq!(plan.count(StoragePrecision::Fp32), n);
+        assert_eq!(plan.stage(n + 5), StoragePrecision::Fp32);
+        assert_eq!(plan.bytes_per_element(0), 4);
+        assert_eq!(plan.ledger_lines().len(), n);
+        // fp32 emulation is the reference itself
+        let f = frames(1, 8, 8);
+        assert_eq!(
+            emulate(&spec, &plan, &f[0]).unwrap(),
+            spec.run(&f[0], None).unwrap()
+        );
+        let err = calibrate(&spec, &[]).unwrap_err();
+        assert!(err.to_string().contains("at least one frame"), "{err}");
+        let wrong = frames(1, 16, 16);
+        assert!(calibrate(&spec, &wrong).is_err());
+        let short = PrecisionPlan::all(n - 1, StoragePrecision::Fp16);
+        assert!(
+            emulate(&spec, &short, &f[0])
+                .unwrap_err()
+                .to_string()
+                .contains("stages")
+        );
+    }
+}
