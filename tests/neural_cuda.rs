@@ -13,6 +13,7 @@ mod onnx_models;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use gst::prelude::*;
 use gsttoonflow::cuda;
 use gsttoonflow::cuda::neural::NeuralGpu;
 use gsttoonflow::cuda::neural::program::Storage;
@@ -303,6 +304,52 @@ fn an_unsupported_operator_is_a_clear_error_before_the_device_is_touched() {
     }
 }
 
+/// The program of each generated model (no GPU needed): every stage launches at least one
+/// kernel, in stage order; the arena plan is valid and holds the activations at their storage.
+#[test]
+fn programs_cover_every_stage() {
+    for (model, w, h) in generated().into_iter().chain([(
+        NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like").unwrap(),
+        160,
+        96,
+    )]) {
+        let spec = model.specialise(h, w).unwrap();
+        for half in [false, true] {
+            let storage = Storage::uniform(spec.stage_count(), half);
+            let p = gsttoonflow::cuda::neural::program::build(&spec, &storage, 0, 0).unwrap();
+            let stages: Vec<usize> = p.launches.iter().map(|l| l.stage).collect();
+            assert!(stages.windows(2).all(|w| w[0] <= w[1]), "launch order");
+            for i in 0..spec.stage_count() {
+                assert!(
+                    stages.contains(&i),
+                    "{}: stage {i} has no launch",
+                    model.name()
+                );
+            }
+            p.arena.validate().unwrap();
+            let fp32 = gsttoonflow::cuda::neural::program::build(
+                &spec,
+                &Storage::uniform(spec.stage_count(), false),
+                0,
+                0,
+            )
+            .unwrap();
+            if half {
+                assert!(p.arena.arena_bytes < fp32.arena.arena_bytes);
+            }
+            println!(
+                "{} {w}x{h} {}: {} stages, {} launches, arena {} B, static {} B",
+                model.name(),
+                if half { "fp16" } else { "fp32" },
+                spec.stage_count(),
+                p.launches.len(),
+                p.arena.arena_bytes,
+                p.static_bytes
+            );
+        }
+    }
+}
+
 /// Per-frame time of the launches alone (graph replay), TOONFLOW_NEURAL_BENCH=1.
 #[test]
 fn speed() {
@@ -348,5 +395,70 @@ fn speed() {
                 );
             }
         }
+    }
+}
+
+/// The element with backend=cuda and model=: the CPU reference's frames (fp32 storage: within
+/// one code; calibrated fp16: within three), launches per frame in the stats, the graph replayed
+/// after the warm-up.
+#[test]
+fn the_element_runs_the_network_on_the_gpu() {
+    need_gpu!();
+    let dir = common::TempDir::new("neural-cuda-element");
+    let path = dir.path("tiny_like.onnx");
+    std::fs::write(&path, encode_model(&tiny_like())).unwrap();
+    let model = path.to_str().unwrap().to_string();
+    let frame = common::photo("chelsea.png", 160, 96);
+    let element = |backend: &str, precision: &str| {
+        let mut h = gst_check::Harness::new_parse(&format!(
+            "toonflow name=t backend={backend} precision={precision} model=\"{model}\" \
+             temporal-history=0"
+        ));
+        h.set_src_caps(common::nv12_caps(160, 96));
+        h
+    };
+    let stats = |h: &gst_check::Harness| {
+        h.element()
+            .unwrap()
+            .downcast_ref::<gst::Bin>()
+            .and_then(|b| b.by_name("t"))
+            .expect("toonflow named t")
+            .property::<gst::Structure>("stats")
+    };
+    let mut cpu_h = element("cpu", "fp32");
+    let cpu = common::push_frame(&mut cpu_h, &frame);
+    assert_eq!(stats(&cpu_h).get::<u32>("stages").unwrap(), 38);
+    for (precision, mean_max, code_max) in [("fp32", 0.05, 1), ("fp16", 0.3, 3)] {
+        let mut h = element("cuda", precision);
+        let mut last = None;
+        for _ in 0..5 {
+            last = Some(common::push_frame(&mut h, &frame));
+        }
+        let out = last.unwrap();
+        let d = common::mean_abs_diff(out.y(), cpu.y());
+        let max = out
+            .y()
+            .iter()
+            .zip(cpu.y())
+            .map(|(a, b)| (*a as i32 - *b as i32).abs())
+            .max()
+            .unwrap();
+        let s = stats(&h);
+        let launches = s.get::<u32>("launches").unwrap();
+        println!(
+            "element {precision}: luma mean abs {d:.3}, max {max} codes against the CPU \
+             reference; backend {}, {launches} launches, graph replayed {}, device bytes {}",
+            s.get::<&str>("backend").unwrap(),
+            s.get::<bool>("graph-replayed").unwrap(),
+            s.get::<u64>("arena-bytes").unwrap()
+        );
+        assert_eq!(s.get::<&str>("backend").unwrap(), "cuda");
+        assert_eq!(s.get::<u32>("stages").unwrap(), 38);
+        assert_eq!(launches, 38);
+        assert!(s.get::<bool>("graph-replayed").unwrap());
+        assert!(
+            d <= mean_max && max <= code_max,
+            "{precision}: mean {d}, max {max}"
+        );
     }
 }

@@ -561,6 +561,97 @@ impl NeuralGpu {
     }
 }
 
+/// f32 from IEEE half bits (calibration readback of fp16 buffers).
+fn half_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
+    let exp = ((h >> 10) & 0x1f) as i32;
+    let frac = (h & 0x3ff) as f32;
+    match exp {
+        0 => sign * frac * 2f32.powi(-24),
+        31 if frac == 0.0 => sign * f32::INFINITY,
+        31 => f32::NAN,
+        e => sign * (1.0 + frac / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
+/// Sees each stage's outputs (f32 values) after the stage ran: `(stage, values)`.
+pub type OutputObserver<'a> = &'a mut dyn FnMut(usize, &[f32]);
+/// Sees each normalization's statistics: `(index, mean, var)`.
+pub type StatsObserver<'a> = &'a mut dyn FnMut(usize, &[f32], &[f32]);
+
+impl NeuralGpu {
+    fn read_place(&self, p: program::Place) -> Result<Vec<f32>, CudaError> {
+        let n = p.elements as usize;
+        let mut raw = vec![0u8; n * if p.half { 2 } else { 4 }];
+        // SAFETY: the place holds `elements` values of its storage in this executor's memory;
+        // `raw` is as long and is read only after the synchronisation below.
+        unsafe {
+            copy_d2h(self.stream.cu_stream(), p.addr, raw.as_mut_ptr(), raw.len())
+                .map_err(driver("stage output download"))?;
+        }
+        self.synchronize()?;
+        Ok(if p.half {
+            raw.chunks_exact(2)
+                .map(|b| half_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .collect()
+        } else {
+            raw.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()
+        })
+    }
+
+    /// Runs one frame eagerly, stage by stage, showing every stage's outputs and every
+    /// normalization's statistics to the observers (calibration on the device: slow, once).
+    pub fn run_observed(
+        &mut self,
+        input: &Tensor<f32>,
+        output: &mut Tensor<f32>,
+        outputs: OutputObserver<'_>,
+        stats: StatsObserver<'_>,
+    ) -> Result<(), CudaError> {
+        guard("running the network for calibration", || {
+            self.ctx
+                .bind_to_thread()
+                .map_err(driver("binding the context"))?;
+            self.upload_input(input)?;
+            let stages = self.program.stage_outputs.len();
+            let mut from = 0;
+            for stage in 0..stages {
+                let to = from
+                    + self.program.launches[from..]
+                        .iter()
+                        .take_while(|l| l.stage == stage)
+                        .count();
+                self.enqueue_range(from, to)?;
+                from = to;
+                for p in self.program.stage_outputs[stage].clone() {
+                    let v = self.read_place(p)?;
+                    outputs(stage, &v);
+                }
+                for (k, sp) in self.program.stats.clone().iter().enumerate() {
+                    if sp.stage == stage {
+                        let mean = self.read_place(program::Place {
+                            addr: sp.mean,
+                            half: false,
+                            elements: sp.channels as u64,
+                        })?;
+                        let var = self.read_place(program::Place {
+                            addr: sp.var,
+                            half: false,
+                            elements: sp.channels as u64,
+                        })?;
+                        stats(k, &mean, &var);
+                    }
+                }
+            }
+            self.download_output(output)?;
+            self.reset_pending = false;
+            Ok(())
+        })
+    }
+}
+
 /// fp16 storage for every stage (`precision=fp16` until calibration decides per stage) or
 /// fp32 everywhere.
 pub fn uniform_storage(spec: &Specialised, half: bool) -> Storage {

@@ -18,6 +18,7 @@ use crate::neural::engine::Specialised;
 use crate::neural::lower::{Lowered, Stage, StageKind, activation};
 use crate::neural::onnx::NodeProto;
 use crate::neural::ops::elementwise::Activation;
+use crate::neural::precision::{PrecisionPlan, StoragePrecision};
 use crate::neural::{NeuralError, Value};
 
 /// Output channels one conv thread computes (the weights of one tap are contiguous).
@@ -335,6 +336,15 @@ impl Storage {
             half: vec![half; stages],
         }
     }
+
+    /// The calibrated decision per stage (src/neural/precision.rs).
+    pub fn from_plan(plan: &PrecisionPlan) -> Self {
+        Storage {
+            half: (0..plan.len())
+                .map(|i| plan.stage(i) == StoragePrecision::Fp16)
+                .collect(),
+        }
+    }
 }
 
 /// A specialised network as launches, with every address resolved against the two bases.
@@ -349,6 +359,8 @@ pub struct Program {
     pub output: Place,
     pub control: u64,
     pub stats: Vec<StatsPlace>,
+    /// Each stage's outputs (for calibration readback).
+    pub stage_outputs: Vec<Vec<Place>>,
     /// Bytes of weights and constants in the static block.
     pub weight_bytes: u64,
 }
@@ -1215,7 +1227,18 @@ pub fn build(
     let output = *places
         .get(&l.output)
         .ok_or_else(|| NeuralError::Unsupported("the output is a constant (on the GPU)".into()))?;
+    let stage_outputs = l
+        .stages
+        .iter()
+        .map(|s| {
+            s.outputs
+                .iter()
+                .filter_map(|o| places.get(o).copied())
+                .collect()
+        })
+        .collect();
     Ok(Program {
+        stage_outputs,
         arena,
         static_bytes,
         static_init: st.bytes,
