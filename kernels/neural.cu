@@ -202,6 +202,115 @@ __device__ __forceinline__ void nn_conv_body(const NnConv* __restrict__ p)
     }
 }
 
+// Tensor-core convolution (sm_80+): implicit GEMM with mma.sync m16n8k16 (f16 x f16 -> f32).
+// M = output pixels, N = output channels, K = taps x input channels (tap-major, 16 channels per
+// step, zero beyond cin). Each warp computes 16 pixels x up to NN_MMA_NT*8 channels; A fragments
+// are gathered straight from the fp16 NCHW input with the same padding index math as above, B
+// fragments come from fp16 weights laid out [tap][n (n_tiles*8)][cin_pad] by the host. Groups 1.
+template <typename O>
+__device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
+{
+#if __CUDA_ARCH__ >= 800
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int M = p->oh * p->ow;
+    const int mbase = (blockIdx.x * NN_MMA_WARPS + warp) * 16;
+    if (mbase >= M)
+        return;
+    const int nt0 = blockIdx.y * NN_MMA_NT;
+    const int ntn = min(NN_MMA_NT, p->n_tiles - nt0);
+    const int npad = p->n_tiles * 8;
+    const int cin = p->cin, cin_pad = p->cin_pad;
+    const long long plane = (long long)p->h * p->w_in;
+    const unsigned short* __restrict__ x = (const unsigned short*)p->x;
+    const unsigned short* __restrict__ wh = (const unsigned short*)p->wh;
+    int oy[2], ox[2];
+    bool valid[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int m = mbase + g + 8 * r;
+        valid[r] = m < M;
+        m = min(m, M - 1);
+        oy[r] = m / p->ow;
+        ox[r] = m - oy[r] * p->ow;
+    }
+    const unsigned short fill_bits = nn_f2h(p->pad_value);
+    float acc[NN_MMA_NT][4];
+#pragma unroll
+    for (int n = 0; n < NN_MMA_NT; n++)
+        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (int ky = 0; ky < p->kh; ky++) {
+        for (int kx = 0; kx < p->kw; kx++) {
+            long long off[2];
+            unsigned short fill[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int py = oy[r] * p->sh - p->conv_pt + ky * p->dh;
+                int px = ox[r] * p->sw - p->conv_pl + kx * p->dw;
+                bool zero = py < 0 || py >= p->hp || px < 0 || px >= p->wp;
+                int iy = nn_pad_index(py - p->pad_t, p->h, p->pad_mode);
+                int ix = nn_pad_index(px - p->pad_l, p->w_in, p->pad_mode);
+                off[r] = (zero || iy < 0 || ix < 0) ? -1 : (long long)iy * p->w_in + ix;
+                fill[r] = zero ? (unsigned short)0 : fill_bits;
+            }
+            const unsigned short* wt = wh + (long long)(ky * p->kw + kx) * npad * cin_pad;
+            for (int icb = 0; icb < cin_pad; icb += 16) {
+                unsigned int a[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int r = q & 1;
+                    const int ic = icb + 2 * t + ((q >> 1) << 3);
+                    unsigned short lo = 0, hi = 0;
+                    if (off[r] < 0) {
+                        lo = ic < cin ? fill[r] : (unsigned short)0;
+                        hi = ic + 1 < cin ? fill[r] : (unsigned short)0;
+                    } else {
+                        if (ic < cin)
+                            lo = __ldg(x + ic * plane + off[r]);
+                        if (ic + 1 < cin)
+                            hi = __ldg(x + (ic + 1) * plane + off[r]);
+                    }
+                    a[q] = (unsigned int)lo | ((unsigned int)hi << 16);
+                }
+#pragma unroll
+                for (int n = 0; n < NN_MMA_NT; n++) {
+                    if (n < ntn) {
+                        const unsigned short* wn = wt + (long long)((nt0 + n) * 8 + g) * cin_pad + icb;
+                        const unsigned int b0 = __ldg((const unsigned int*)(wn + 2 * t));
+                        const unsigned int b1 = __ldg((const unsigned int*)(wn + 2 * t + 8));
+                        asm volatile(
+                            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                            : "+f"(acc[n][0]), "+f"(acc[n][1]), "+f"(acc[n][2]), "+f"(acc[n][3])
+                            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+                    }
+                }
+            }
+        }
+    }
+    typename O::T* __restrict__ y = (typename O::T*)p->y;
+    const long long oplane = (long long)M;
+#pragma unroll
+    for (int n = 0; n < NN_MMA_NT; n++) {
+        if (n >= ntn)
+            continue;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int r = q >> 1;
+            const int oc = (nt0 + n) * 8 + 2 * t + (q & 1);
+            if (!valid[r] || oc >= p->cout)
+                continue;
+            float v = acc[n][q] + (p->b ? ((const float*)p->b)[oc] : 0.0f);
+            const long long m = mbase + g + 8 * r;
+            O::store(y, oc * oplane + m, nn_activate(v, p->act, p->act_a, p->act_b));
+        }
+    }
+#endif
+}
+
+extern "C" __global__ void nn_conv_mma_hf(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32>(p); }
+extern "C" __global__ void nn_conv_mma_hh(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16>(p); }
+
 extern "C" __global__ void nn_conv_ff(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF32>(p); }
 extern "C" __global__ void nn_conv_fh(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF16>(p); }
 extern "C" __global__ void nn_conv_hf(const NnConv* __restrict__ p) { nn_conv_body<NnF16, NnF32>(p); }

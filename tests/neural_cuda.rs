@@ -82,14 +82,30 @@ fn random_input(spec: &Specialised, seed: u64) -> Tensor<f32> {
 }
 
 fn gpu(spec: &Specialised, half: bool, graph: bool) -> NeuralGpu {
-    NeuralGpu::new(
-        0,
-        spec,
-        &Storage::uniform(spec.stage_count(), half),
-        0,
-        graph,
-    )
-    .unwrap_or_else(|e| panic!("building the GPU network: {e}"))
+    gpu_with(spec, half, graph, true)
+}
+
+/// With `tensor_cores` false the fp16 convolutions run on CUDA cores too.
+fn gpu_with(spec: &Specialised, half: bool, graph: bool, tensor_cores: bool) -> NeuralGpu {
+    let storage = Storage {
+        half: vec![half; spec.stage_count()],
+        tensor_cores,
+    };
+    NeuralGpu::new(0, spec, &storage, 0, graph)
+        .unwrap_or_else(|e| panic!("building the GPU network: {e}"))
+}
+
+fn mma_launches(g: &NeuralGpu) -> usize {
+    g.program()
+        .launches
+        .iter()
+        .filter(|l| {
+            matches!(
+                l.kernel,
+                gsttoonflow::cuda::neural::program::Kernel::ConvMma(_)
+            )
+        })
+        .count()
 }
 
 fn run_gpu(g: &mut NeuralGpu, input: &Tensor<f32>) -> Tensor<f32> {
@@ -275,15 +291,21 @@ fn fp16_storage_keeps_40_db_on_photos() {
             let spec = model.specialise(th, tw).unwrap();
             let cpu = spec.run(&input, None).unwrap();
             let out32 = run_gpu(&mut gpu(&spec, false, false), &input);
-            let out16 = run_gpu(&mut gpu(&spec, true, false), &input);
-            let (d32, p16) = (max_abs(&cpu, &out32), psnr(&cpu, &out16));
-            println!(
-                "{} on {photo} {tw}x{th}: fp32 max abs {d32:.2e}, fp16 {p16:.1} dB (max abs {:.2e})",
-                model.name(),
-                max_abs(&cpu, &out16)
-            );
+            let d32 = max_abs(&cpu, &out32);
             assert!(d32 <= 1e-3, "{} fp32 on {photo}: {d32}", model.name());
-            assert!(p16 >= 40.0, "{} fp16 on {photo}: {p16:.1} dB", model.name());
+            for tc in [false, true] {
+                let mut g = gpu_with(&spec, true, false, tc);
+                let out16 = run_gpu(&mut g, &input);
+                let p16 = psnr(&cpu, &out16);
+                println!(
+                    "{} on {photo} {tw}x{th}: fp32 max abs {d32:.2e}, fp16 ({} tensor-core \
+                     convs) {p16:.1} dB (max abs {:.2e})",
+                    model.name(),
+                    mma_launches(&g),
+                    max_abs(&cpu, &out16)
+                );
+                assert!(p16 >= 40.0, "{} fp16 on {photo}: {p16:.1} dB", model.name());
+            }
         }
     }
 }
@@ -350,6 +372,38 @@ fn programs_cover_every_stage() {
     }
 }
 
+/// f32 → f16 bits against nprec's emulation (round to nearest even) over many magnitudes.
+#[test]
+fn half_conversion_rounds_to_nearest_even() {
+    use gsttoonflow::cuda::neural::program::f32_to_f16_bits;
+    use gsttoonflow::neural::precision::round_to_fp16;
+    let to_f32 = |h: u16| {
+        let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
+        let e = ((h >> 10) & 0x1f) as i32;
+        let m = (h & 0x3ff) as f32;
+        match e {
+            0 => sign * m * 2f32.powi(-24),
+            31 => sign * f32::INFINITY,
+            e => sign * (1.0 + m / 1024.0) * 2f32.powi(e - 15),
+        }
+    };
+    assert_eq!(f32_to_f16_bits(1.0), 0x3c00);
+    assert_eq!(f32_to_f16_bits(-2.0), 0xc000);
+    assert_eq!(f32_to_f16_bits(65504.0), 0x7bff);
+    assert_eq!(f32_to_f16_bits(1e6), 0x7c00);
+    assert_eq!(f32_to_f16_bits(0.0), 0);
+    let mut rng = Rng::new(9);
+    for _ in 0..100_000 {
+        let v = rng.uniform() * 2f32.powi((rng.uniform() * 20.0) as i32);
+        let got = to_f32(f32_to_f16_bits(v));
+        let want = round_to_fp16(v);
+        assert!(
+            got == want || (got.is_infinite() && want.abs() > 65504.0),
+            "{v}: {got} vs {want}"
+        );
+    }
+}
+
 /// Per-frame time of the launches alone (graph replay), TOONFLOW_NEURAL_BENCH=1.
 #[test]
 fn speed() {
@@ -369,14 +423,14 @@ fn speed() {
             let m = model.size_multiple();
             let (h, w) = (h.div_ceil(m) * m, w.div_ceil(m) * m);
             let spec = model.specialise(h, w).unwrap();
-            for half in [true, false] {
-                let mut g = gpu(&spec, half, true);
+            for (half, tc) in [(true, true), (true, false), (false, false)] {
+                let mut g = gpu_with(&spec, half, true, tc);
                 let input = random_input(&spec, 5);
                 let mut out = Tensor::zeros(&input.shape);
                 for _ in 0..4 {
                     g.run(&input, &mut out).unwrap();
                 }
-                let n = 50;
+                let n = 30;
                 let start = Instant::now();
                 for _ in 0..n {
                     g.run_launches().unwrap();
@@ -384,12 +438,13 @@ fn speed() {
                 g.synchronize().unwrap();
                 let ms = start.elapsed().as_secs_f64() * 1e3 / n as f64;
                 println!(
-                    "speed {} {label} ({w}x{h}) {}: {ms:.3} ms/frame ({:.0} fps), {} launches, \
-                     device memory {:.1} MiB (arena {:.1} MiB)",
+                    "speed {} {label} ({w}x{h}) {}: {ms:.3} ms/frame ({:.0} fps), {} launches \
+                     ({} tensor-core convs), device memory {:.1} MiB (arena {:.1} MiB)",
                     model.name(),
                     if half { "fp16" } else { "fp32" },
                     1e3 / ms,
                     g.launches_per_frame(),
+                    mma_launches(&g),
                     g.device_bytes() as f64 / 1048576.0,
                     g.program().arena.arena_bytes as f64 / 1048576.0
                 );

@@ -227,7 +227,8 @@ impl std::fmt::Debug for NeuralGpu {
 }
 
 impl NeuralGpu {
-    /// Builds the program of `spec` with `storage`, checks it against `max_device_memory`
+    /// Builds the program of `spec` with `storage` (tensor cores where asked for and the device
+    /// is sm_80 or newer), checks it against `max_device_memory`
     /// (0: no cap) and the device's free memory, allocates its arena and static block once and
     /// uploads the weights. An operator without a GPU kernel is a [`NeuralGpuError::Model`]
     /// before anything touches the device.
@@ -238,6 +239,13 @@ impl NeuralGpu {
         max_device_memory: u64,
         use_graph: bool,
     ) -> Result<Self, NeuralGpuError> {
+        let ctx = context(device_id)?;
+        let (device_name, (major, _)) = describe(&ctx)?;
+        // mma.sync m16n8k16 needs sm_80
+        let storage = &Storage {
+            half: storage.half.clone(),
+            tensor_cores: storage.tensor_cores && major >= 8,
+        };
         let sizing = program::build(spec, storage, 0, 0)?;
         let total = sizing.arena.arena_bytes + sizing.static_bytes;
         if max_device_memory > 0 && total > max_device_memory {
@@ -248,8 +256,6 @@ impl NeuralGpu {
             ))
             .into());
         }
-        let ctx = context(device_id)?;
-        let (device_name, _) = describe(&ctx)?;
         let kernels = kernels(&ctx)?;
         let (stream, events) = guard("creating the stream", || {
             let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;

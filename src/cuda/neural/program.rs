@@ -25,6 +25,9 @@ use crate::neural::{NeuralError, Value};
 pub const CONV_OCB: usize = 8;
 /// Conv thread block (x along the output row, y down the rows).
 pub const CONV_BLOCK: (u32, u32) = (32, 4);
+/// Tensor-core conv: warps per block (16 output pixels each), 8-channel tiles per warp.
+pub const MMA_WARPS: u32 = 4;
+pub const MMA_NT: u32 = 8;
 pub const MOMENTS_THREADS: u32 = 256;
 pub const ELEMENTWISE_THREADS: u32 = 256;
 /// Ops and operands one fused elementwise launch carries.
@@ -65,6 +68,11 @@ pub struct NnConv {
     pub w: u64,
     /// fp32 bias per output channel, or 0.
     pub b: u64,
+    /// Tensor-core path: fp16 weights [tap][n_tiles * 8][cin_pad] (else 0).
+    pub wh: u64,
+    /// Tensor-core path: cin rounded up to 16, output channel tiles of 8.
+    pub cin_pad: i32,
+    pub n_tiles: i32,
     pub cin: i32,
     pub h: i32,
     pub w_in: i32,
@@ -212,6 +220,8 @@ pub struct NnSoftmax {
 pub fn header() -> String {
     let defines = [
         Define::int("NN_CONV_OCB", CONV_OCB as i64),
+        Define::int("NN_MMA_WARPS", MMA_WARPS as i64),
+        Define::int("NN_MMA_NT", MMA_NT as i64),
         Define::int("NN_EW_ADD", EW_ADD),
         Define::int("NN_EW_SUB", EW_SUB),
         Define::int("NN_EW_MUL", EW_MUL),
@@ -257,6 +267,8 @@ pub fn header() -> String {
 pub enum Kernel {
     /// Convolution with (input half, output half).
     Conv(bool, bool),
+    /// Tensor-core convolution (fp16 input) with output half.
+    ConvMma(bool),
     Moments,
     NormApply,
     Eltwise,
@@ -272,6 +284,8 @@ impl Kernel {
             Kernel::Conv(false, true) => "nn_conv_fh",
             Kernel::Conv(true, false) => "nn_conv_hf",
             Kernel::Conv(true, true) => "nn_conv_hh",
+            Kernel::ConvMma(false) => "nn_conv_mma_hf",
+            Kernel::ConvMma(true) => "nn_conv_mma_hh",
             Kernel::Moments => "nn_moments",
             Kernel::NormApply => "nn_norm_apply",
             Kernel::Eltwise => "nn_eltwise",
@@ -283,7 +297,9 @@ impl Kernel {
 }
 
 /// Every kernel of kernels/neural.cu, by name.
-pub const KERNEL_NAMES: [&str; 10] = [
+pub const KERNEL_NAMES: [&str; 12] = [
+    "nn_conv_mma_hf",
+    "nn_conv_mma_hh",
     "nn_conv_ff",
     "nn_conv_fh",
     "nn_conv_hf",
@@ -324,16 +340,25 @@ pub struct StatsPlace {
     pub channels: usize,
 }
 
-/// Storage of each stage's outputs: fp16 (`true`) or fp32.
+/// Tensor cores with `TOONFLOW_NEURAL_MMA=1` (the executor uses them on sm_80+ only): off by
+/// default until the path has been measured on a GPU (tests/neural_cuda.rs checks both).
+pub fn tensor_cores_default() -> bool {
+    std::env::var("TOONFLOW_NEURAL_MMA").is_ok_and(|v| v == "1")
+}
+
+/// Storage of each stage's outputs: fp16 (`true`) or fp32, and whether convolutions reading
+/// fp16 may use tensor cores (sm_80+).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Storage {
     pub half: Vec<bool>,
+    pub tensor_cores: bool,
 }
 
 impl Storage {
     pub fn uniform(stages: usize, half: bool) -> Self {
         Storage {
             half: vec![half; stages],
+            tensor_cores: tensor_cores_default(),
         }
     }
 
@@ -343,6 +368,7 @@ impl Storage {
             half: (0..plan.len())
                 .map(|i| plan.stage(i) == StoragePrecision::Fp16)
                 .collect(),
+            tensor_cores: tensor_cores_default(),
         }
     }
 }
@@ -780,11 +806,34 @@ pub fn build(
                     other => activation(other)?,
                 };
                 let (act, act_a, act_b) = act_code(act);
+                // tensor cores when the input is fp16 and there is one group (K is padded to
+                // 16 channels: a 3-channel 7x7 stem wastes 5/16 of the math and still wins)
+                let mma = storage.tensor_cores && x.half && groups == 1;
+                let cin_pad = cin.div_ceil(16) * 16;
+                let n_tiles = cout.div_ceil(8);
+                let wh = if mma {
+                    let npad = n_tiles * 8;
+                    let mut h = vec![0u16; kh * kw * npad * cin_pad];
+                    for oc in 0..cout {
+                        for ic in 0..cin {
+                            for t in 0..kh * kw {
+                                h[(t * npad + oc) * cin_pad + ic] =
+                                    f32_to_f16_bits(wt.data[(oc * cin + ic) * kh * kw + t]);
+                            }
+                        }
+                    }
+                    st.put(bytemuck::cast_slice(&h))
+                } else {
+                    0
+                };
                 let p = NnConv {
                     x: x.addr,
                     y: y.addr,
                     w: w_addr,
                     b: b_addr,
+                    wh,
+                    cin_pad: cin_pad as i32,
+                    n_tiles: n_tiles as i32,
                     cin: cin as i32,
                     h: xs[2] as i32,
                     w_in: xs[3] as i32,
@@ -1347,6 +1396,42 @@ fn resize_taps(l: &Lowered, n: &NodeProto, xs: &[usize], ys: &[usize]) -> Result
         }
     }
     Ok(out)
+}
+
+/// IEEE half bits of `v`, rounded to nearest even (overflow to infinity).
+pub fn f32_to_f16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let mant = b & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if mant != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        // subnormal: shift the full mantissa (with its implicit 1) into place, round to even
+        let m = mant | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = 1u32 << (shift - 1);
+        let rest = m & ((1u32 << shift) - 1);
+        let mut h = m >> shift;
+        if rest > half || (rest == half && h & 1 == 1) {
+            h += 1;
+        }
+        return sign | h as u16;
+    }
+    let mut h = ((e as u32) << 10) | (mant >> 13);
+    let rest = mant & 0x1fff;
+    if rest > 0x1000 || (rest == 0x1000 && h & 1 == 1) {
+        h += 1; // may carry into the exponent, which is still correct (up to infinity)
+    }
+    sign | h as u16
 }
 
 /// Launches a frame of `program` takes.
