@@ -337,8 +337,27 @@ fn programs_cover_every_stage() {
     )]) {
         let spec = model.specialise(h, w).unwrap();
         for half in [false, true] {
-            let storage = Storage::uniform(spec.stage_count(), half);
+            let storage = Storage {
+                half: vec![half; spec.stage_count()],
+                tensor_cores: true,
+            };
             let p = gsttoonflow::cuda::neural::program::build(&spec, &storage, 0, 0).unwrap();
+            let mma = p
+                .launches
+                .iter()
+                .filter(|l| {
+                    matches!(
+                        l.kernel,
+                        gsttoonflow::cuda::neural::program::Kernel::ConvMma(_)
+                    )
+                })
+                .count();
+            // every fp16 conv with one group reads fp16 here: all of them go to tensor cores
+            if half {
+                assert!(mma > 0, "{}: no tensor-core convolution", model.name());
+            } else {
+                assert_eq!(mma, 0, "fp32 input never takes the tensor-core path");
+            }
             let stages: Vec<usize> = p.launches.iter().map(|l| l.stage).collect();
             assert!(stages.windows(2).all(|w| w[0] <= w[1]), "launch order");
             for i in 0..spec.stage_count() {
@@ -360,7 +379,7 @@ fn programs_cover_every_stage() {
                 assert!(p.arena.arena_bytes < fp32.arena.arena_bytes);
             }
             println!(
-                "{} {w}x{h} {}: {} stages, {} launches, arena {} B, static {} B",
+                "{} {w}x{h} {}: {} stages, {} launches ({mma} tensor-core), arena {} B, static {} B",
                 model.name(),
                 if half { "fp16" } else { "fp32" },
                 spec.stage_count(),

@@ -859,18 +859,34 @@ pub fn build(
                     act_a,
                     act_b,
                 };
-                let grid = (
-                    (ys[3] as u32).div_ceil(CONV_BLOCK.0),
-                    (ys[2] as u32).div_ceil(CONV_BLOCK.1),
-                    ocb as u32,
-                );
-                blocks.push((
-                    Kernel::Conv(x.half, y.half),
-                    bytemuck::bytes_of(&p).to_vec(),
-                    grid,
-                    (CONV_BLOCK.0, CONV_BLOCK.1, 1),
-                    i,
-                ));
+                if mma {
+                    let m = (ys[2] * ys[3]) as u32;
+                    let grid = (
+                        m.div_ceil(16 * MMA_WARPS),
+                        (n_tiles as u32).div_ceil(MMA_NT),
+                        1,
+                    );
+                    blocks.push((
+                        Kernel::ConvMma(y.half),
+                        bytemuck::bytes_of(&p).to_vec(),
+                        grid,
+                        (32 * MMA_WARPS, 1, 1),
+                        i,
+                    ));
+                } else {
+                    let grid = (
+                        (ys[3] as u32).div_ceil(CONV_BLOCK.0),
+                        (ys[2] as u32).div_ceil(CONV_BLOCK.1),
+                        ocb as u32,
+                    );
+                    blocks.push((
+                        Kernel::Conv(x.half, y.half),
+                        bytemuck::bytes_of(&p).to_vec(),
+                        grid,
+                        (CONV_BLOCK.0, CONV_BLOCK.1, 1),
+                        i,
+                    ));
+                }
             }
             StageKind::Normalize => {
                 let stx = s.stats.as_ref().expect("normalize stage has statistics");
