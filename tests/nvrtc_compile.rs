@@ -9,6 +9,7 @@
 use std::panic::catch_unwind;
 
 use gsttoonflow::cuda::kernels::{KERNEL_FILE, KERNEL_NAMES, compile};
+use gsttoonflow::cuda::neural;
 use gsttoonflow::pipeline::Precision;
 
 const ARCHES: [&str; 4] = ["sm_75", "sm_86", "sm_89", "sm_90"];
@@ -45,7 +46,7 @@ fn every_kernel_file_is_covered() {
     files.sort();
     assert_eq!(
         files,
-        [KERNEL_FILE],
+        [neural::KERNEL_FILE, KERNEL_FILE],
         "kernels/*.cu and the files this test compiles"
     );
 }
@@ -88,6 +89,44 @@ fn kernels_compile_for_every_target_architecture_and_precision() {
                 ptx.len()
             );
         }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// kernels/neural.cu (the style network's kernels, one build for both storage precisions: the
+/// storage of each buffer is chosen per launch).
+#[test]
+fn neural_kernels_compile_for_every_target_architecture() {
+    if let Some(why) = nvrtc_missing() {
+        assert!(
+            !nvrtc_required(),
+            "TOONFLOW_REQUIRE_NVRTC=1 but NVRTC is missing: {why}"
+        );
+        println!("skipped: {why}");
+        return;
+    }
+    let mut failures = Vec::new();
+    for arch in ARCHES {
+        let (ptx, ms) = match neural::compile(arch) {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(format!("{} {arch}: {e}", neural::KERNEL_FILE));
+                continue;
+            }
+        };
+        assert!(ptx.contains(&format!(".target {arch}")), "{arch}");
+        for name in neural::KERNEL_NAMES {
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "{arch}: no entry {name} in the PTX"
+            );
+        }
+        println!(
+            "compiled {} for {arch}: {} kernels, {} bytes of PTX in {ms:.0} ms",
+            neural::KERNEL_FILE,
+            neural::KERNEL_NAMES.len(),
+            ptx.len()
+        );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

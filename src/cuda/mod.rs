@@ -20,6 +20,7 @@ pub mod graph;
 pub mod gstcuda;
 pub mod kernels;
 mod launch;
+pub mod neural;
 mod pinned;
 mod pipeline;
 pub mod plan;

@@ -9,9 +9,11 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use super::neural_cpu::{self, NeuralCpu, NeuralFrameStats, NeuralTemporalParams};
+use super::neural_cuda::NeuralCuda;
 use super::settings::{BackendChoice, Settings};
 use cudarc::driver::CudaContext;
 
+use crate::cuda::neural::NeuralGpuError;
 use crate::cuda::{
     self, CudaError, CudaPipeline, FrameSource, FrameTarget, GpuFrameStats, PipelineEvent,
 };
@@ -115,12 +117,6 @@ pub enum EngineError {
         #[source]
         source: NeuralError,
     },
-    /// backend=cuda with a model: the neural stage has no GPU path yet.
-    #[error(
-        "backend=cuda was requested with model={0}, but the neural stage runs on the CPU \
-         reference only in this version"
-    )]
-    NeuralNeedsCpu(String),
 }
 
 impl EngineError {
@@ -141,11 +137,6 @@ impl EngineError {
                 gst::error_msg!(gst::StreamError::Failed, ("{}", err))
             }
             EngineError::NotConfigured => gst::error_msg!(gst::CoreError::Negotiation, ("{}", err)),
-            EngineError::NeuralNeedsCpu(_) => gst::error_msg!(
-                gst::LibraryError::Settings,
-                ("{}", err),
-                ["set backend=auto or backend=cpu with model="]
-            ),
             EngineError::Model { source, .. } => match source {
                 NeuralError::Io(_) => gst::error_msg!(gst::ResourceError::OpenRead, ("{}", err)),
                 NeuralError::Parse(_) | NeuralError::Graph(_) => {
@@ -182,6 +173,7 @@ enum Processor {
     ClassicCpu(CpuClassic),
     ClassicCuda(Box<CudaPipeline>),
     NeuralCpu(Box<NeuralCpu>),
+    NeuralCuda(Box<NeuralCuda>),
 }
 
 impl Processor {
@@ -190,6 +182,7 @@ impl Processor {
             Processor::ClassicCpu(p) => p.reset(),
             Processor::ClassicCuda(p) => p.reset(),
             Processor::NeuralCpu(p) => p.reset(),
+            Processor::NeuralCuda(p) => p.reset(),
         }
     }
 }
@@ -259,6 +252,9 @@ pub struct Engine {
     /// The CUDA context shared with the pipeline (nvcodec's GstCudaContext); `None`: the
     /// process's primary context of the device.
     cuda_context: Option<Arc<CudaContext>>,
+    /// The settings of the last configure/update (a GPU network falling back mid-stream
+    /// rebuilds the CPU one from them).
+    settings_for_fallback: Settings,
 }
 
 impl Engine {
@@ -266,8 +262,8 @@ impl Engine {
     /// back to the fast CPU path (a [`EngineEvent::FellBack`]); backend=cpu-reference runs the
     /// exact reference.
     ///
-    /// With `model=` the model is loaded and checked first. The neural stage runs on the CPU
-    /// reference: backend=auto says so with a warning, backend=cuda is an error.
+    /// With `model=` the model is loaded and checked first; the network then runs on the same
+    /// backend (backend=auto without CUDA warns that the CPU reference is slow).
     #[cfg_attr(not(test), allow(dead_code))]
     pub fn start(settings: &Settings) -> Result<Engine, EngineError> {
         Self::start_in(settings, None)
@@ -282,18 +278,9 @@ impl Engine {
         let device_id = settings.device_id;
         let mut events = Vec::new();
         let model = Self::load_model(&settings.model.path, &mut events)?;
-        let backend = match (settings.backend, &model) {
-            (BackendChoice::Cpu | BackendChoice::CpuReference, _) => Backend::Cpu,
-            (BackendChoice::Cuda, Some((path, _))) => {
-                return Err(EngineError::NeuralNeedsCpu(path.clone()));
-            }
-            (BackendChoice::Auto, Some(_)) => {
-                events.push(EngineEvent::FellBack(
-                    "model= runs on the CPU reference: the neural stage has no GPU path yet".into(),
-                ));
-                Backend::Cpu
-            }
-            (choice, None) => match cuda_context
+        let backend = match settings.backend {
+            BackendChoice::Cpu | BackendChoice::CpuReference => Backend::Cpu,
+            choice => match cuda_context
                 .as_ref()
                 .map_or_else(|| cuda::probe(device_id as usize), cuda::probe_context)
             {
@@ -306,6 +293,12 @@ impl Engine {
                 }
                 Err(source) if choice == BackendChoice::Cuda => {
                     return Err(EngineError::CudaRequired { device_id, source });
+                }
+                Err(err) if model.is_some() => {
+                    events.push(EngineEvent::FellBack(format!(
+                        "{err}; model= runs on the CPU reference (slow: seconds per HD frame)"
+                    )));
+                    Backend::Cpu
                 }
                 Err(err) => {
                     events.push(EngineEvent::FellBack(err.to_string()));
@@ -323,6 +316,7 @@ impl Engine {
             processor: None,
             events,
             cuda_context,
+            settings_for_fallback: settings.clone(),
         })
     }
 
@@ -382,6 +376,7 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let geometry = format.geometry;
         let shape = classic_shape(settings, geometry);
+        self.settings_for_fallback = settings.clone();
         self.stream = None;
         self.use_graph = settings.cuda_graph;
         if self.model.is_some() {
@@ -424,12 +419,14 @@ impl Engine {
             return Ok(());
         };
         let geometry = stream.format.geometry;
+        self.settings_for_fallback = settings.clone();
         if let Some((_, model)) = &self.model {
             let config = converter_config(model, &stream.format, settings);
             let format = stream.format;
             self.refresh_params(settings);
             let current = match &self.processor {
                 Some(Processor::NeuralCpu(p)) => Some(*p.config()),
+                Some(Processor::NeuralCuda(p)) => Some(*p.config()),
                 _ => None,
             };
             if current != Some(config) {
@@ -440,6 +437,12 @@ impl Engine {
                 self.install_neural(&format, settings)?;
             } else if let Some(Processor::NeuralCpu(p)) = &mut self.processor {
                 p.set_params(neural_params(settings));
+            } else if let Some(Processor::NeuralCuda(p)) = &mut self.processor {
+                p.set_params(neural_params(settings));
+                if settings.cuda_graph != self.use_graph {
+                    self.use_graph = settings.cuda_graph;
+                    p.set_use_graph(self.use_graph);
+                }
             }
             return Ok(());
         }
@@ -491,6 +494,54 @@ impl Engine {
         let (path, model) = self.model.clone().expect("neural mode");
         self.processor = None;
         let config = converter_config(&model, format, settings);
+        if let Backend::Cuda { device_id } = self.backend {
+            let fp16 = matches!(settings.precision.into(), crate::pipeline::Precision::Fp16);
+            match NeuralCuda::new(
+                device_id as usize,
+                model.clone(),
+                config,
+                neural_params(settings),
+                self.max_device_memory,
+                fp16,
+                self.use_graph,
+            ) {
+                Ok(mut p) => {
+                    let (h, w) = p.network_size();
+                    let gpu = p.gpu().expect("built");
+                    let prog = gpu.program();
+                    let text = format!(
+                        "network {} for {}x{} runs on CUDA device {device_id} ({}) at {w}x{h}: \
+                         {} stages, {} launches per frame, activations {} bytes (peak live {}), \
+                         weights and state {} bytes{}",
+                        model.name(),
+                        config.width,
+                        config.height,
+                        gpu.device_name(),
+                        p.frame_stats().stages,
+                        gpu.launches_per_frame(),
+                        prog.arena.arena_bytes,
+                        prog.arena.peak_live_bytes,
+                        prog.static_bytes,
+                        if fp16 {
+                            "; fp16 storage is calibrated on the first frame"
+                        } else {
+                            ""
+                        }
+                    );
+                    self.log(Level::Info, text);
+                    self.log(
+                        Level::Debug,
+                        format!("activation plan:\n{}", prog.arena.describe()),
+                    );
+                    for line in p.take_log() {
+                        self.log(Level::Info, line);
+                    }
+                    self.processor = Some(Processor::NeuralCuda(Box::new(p)));
+                    return Ok(());
+                }
+                Err(err) => self.neural_cuda_failed(err, &path, format)?,
+            }
+        }
         let p = NeuralCpu::new(
             model,
             config,
@@ -519,6 +570,42 @@ impl Engine {
         self.log(Level::Debug, format!("activation ledger:\n{}", p.ledger()));
         self.processor = Some(Processor::NeuralCpu(Box::new(p)));
         Ok(())
+    }
+
+    /// The network could not be built on the GPU: an exceeded memory plan is an error; with
+    /// backend=auto anything else falls back to the CPU reference (the caller builds it), with
+    /// backend=cuda it is an error.
+    fn neural_cuda_failed(
+        &mut self,
+        err: NeuralGpuError,
+        path: &str,
+        format: &StreamFormat,
+    ) -> Result<(), EngineError> {
+        let (width, height) = (format.geometry.width, format.geometry.height);
+        match err {
+            NeuralGpuError::Cuda(e @ CudaError::OutOfMemory(_)) => Err(EngineError::OutOfMemory {
+                width,
+                height,
+                source: e,
+            }),
+            NeuralGpuError::Model(source) if self.choice == BackendChoice::Cuda => {
+                Err(EngineError::Model {
+                    path: path.to_string(),
+                    source,
+                })
+            }
+            NeuralGpuError::Cuda(e) if self.choice == BackendChoice::Cuda => {
+                Err(EngineError::CudaInit(e))
+            }
+            err => {
+                self.backend = Backend::Cpu;
+                self.events.push(EngineEvent::FellBack(format!(
+                    "the network cannot run on the GPU ({err}); model= runs on the CPU reference \
+                     (slow: seconds per HD frame)"
+                )));
+                Ok(())
+            }
+        }
     }
 
     /// Makes the processor fit `shape`, reusing what it can.
@@ -664,6 +751,23 @@ impl Engine {
                     neural: Some(p.frame_stats()),
                 });
             }
+            Processor::NeuralCuda(p) => {
+                let lines = stream.model_edges.then_some(params);
+                let result = p.process(input, output, lines);
+                let log = p.take_log();
+                let (gpu, neural) = (p.gpu_stats(), p.frame_stats());
+                for line in log {
+                    self.log(Level::Info, line);
+                }
+                return match result {
+                    Ok(report) => Ok(FrameOutcome {
+                        report,
+                        gpu: Some(gpu),
+                        neural: Some(neural),
+                    }),
+                    Err(err) => self.neural_cuda_frame_failed(err, input, output),
+                };
+            }
             Processor::ClassicCuda(p) => p
                 .process(params, input, output)
                 .map(|report| (report, p.last_frame_stats())),
@@ -733,6 +837,48 @@ impl Engine {
     /// Whether frames go to the classic CUDA pipeline (device frames can be processed).
     pub fn runs_on_gpu(&self) -> bool {
         matches!(self.processor, Some(Processor::ClassicCuda(_)))
+    }
+
+    /// A frame failed on the GPU network: backend=auto switches to the CPU reference (this
+    /// frame and the rest of the stream), backend=cuda is an error.
+    fn neural_cuda_frame_failed(
+        &mut self,
+        err: NeuralGpuError,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+    ) -> Result<FrameOutcome, EngineError> {
+        let path = self
+            .model
+            .as_ref()
+            .map_or_else(String::new, |m| m.0.clone());
+        if self.choice != BackendChoice::Auto {
+            return Err(match err {
+                NeuralGpuError::Cuda(e) => EngineError::CudaProcessing(e),
+                NeuralGpuError::Model(source) => EngineError::Model { path, source },
+            });
+        }
+        self.backend = Backend::Cpu;
+        self.events.push(EngineEvent::FellBack(format!(
+            "the network failed on the GPU ({err}); model= runs on the CPU reference from now on"
+        )));
+        self.processor = None; // the device memory goes before the CPU's buffers are allocated
+        let Some(stream) = &self.stream else {
+            return Err(EngineError::NotConfigured);
+        };
+        let (format, edges, params) = (stream.format, stream.model_edges, stream.params);
+        let settings = self.settings_for_fallback.clone();
+        self.install_neural(&format, &settings)?;
+        let Some(Processor::NeuralCpu(p)) = &mut self.processor else {
+            return Err(EngineError::NotConfigured);
+        };
+        let report = p
+            .process(input, output, edges.then_some(&params))
+            .map_err(|source| EngineError::Model { path, source })?;
+        Ok(FrameOutcome {
+            report,
+            gpu: None,
+            neural: Some(p.frame_stats()),
+        })
     }
 
     /// Empties the temporal history (flush, discont).
@@ -1041,24 +1187,38 @@ mod tests {
     }
 
     #[test]
-    fn a_model_runs_on_the_cpu_reference_whatever_the_backend() {
+    fn a_model_follows_the_backend_choice() {
         let path = negate_model("backend");
         let mut settings = neural_settings(&path);
+        let gpu = cuda::probe(0).is_ok();
         settings.backend = BackendChoice::Auto;
         let mut engine = Engine::start(&settings).unwrap();
-        assert_eq!(engine.backend(), Backend::Cpu);
         let events = engine.take_events();
-        assert!(
-            events
-                .iter()
-                .any(|e| matches!(e, EngineEvent::FellBack(t) if t.contains("CPU reference"))),
-            "{events:?}"
-        );
+        if gpu {
+            assert_eq!(engine.backend(), Backend::Cuda { device_id: 0 });
+        } else {
+            // without CUDA the CPU reference runs, and the warning says it is slow
+            assert_eq!(engine.backend(), Backend::Cpu);
+            assert!(
+                events
+                    .iter()
+                    .any(|e| matches!(e, EngineEvent::FellBack(t) if t.contains("CPU reference"))),
+                "{events:?}"
+            );
+        }
         settings.backend = BackendChoice::Cuda;
-        let err = Engine::start(&settings)
-            .err()
-            .expect("backend=cuda with a model");
-        assert!(matches!(err, EngineError::NeuralNeedsCpu(_)), "{err}");
+        match Engine::start(&settings) {
+            Ok(engine) => {
+                assert!(gpu);
+                assert_eq!(engine.backend(), Backend::Cuda { device_id: 0 });
+            }
+            Err(err) => {
+                assert!(!gpu, "{err}");
+                assert!(matches!(err, EngineError::CudaRequired { .. }), "{err}");
+            }
+        }
+        settings.backend = BackendChoice::Cpu;
+        assert_eq!(Engine::start(&settings).unwrap().backend(), Backend::Cpu);
         std::fs::remove_file(path).unwrap();
     }
 

@@ -9,6 +9,7 @@ mod frames;
 mod imp;
 mod lines;
 mod neural_cpu;
+mod neural_cuda;
 mod pool;
 mod properties;
 mod settings;

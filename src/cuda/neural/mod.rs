@@ -1,0 +1,665 @@
+//! The style network on the GPU: [`NeuralGpu`] runs a specialised network's lowered stages
+//! (src/neural/lower.rs) with the kernels of kernels/neural.cu, from one activation arena and
+//! one static block allocated once per shape, as one CUDA graph per shape (through
+//! [`GraphCache`], eager while a shape warms up or when capture fails).
+//!
+//! The statistics smoother runs on the device (its factor and reset travel in a control block
+//! copied before each frame); [`NeuralGpu::run_with_hook`] keeps the CPU engine's stats hook
+//! semantics (eager, the statistics go to the host and back after each normalize stage).
+
+pub mod program;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::LaunchConfig;
+use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, PushKernelArg, result};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
+use super::GpuFrameStats;
+use super::context::{context, describe, guard, memory_info};
+use super::copy::{copy_d2h, copy_h2d};
+use super::error::{CudaError, MemoryShortfall, driver};
+use super::fault::{Fault, injected};
+use super::graph::{GraphCache, OwnedGraph, Ran};
+use super::{GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES};
+use crate::neural::engine::Specialised;
+use crate::neural::lower::StatsHook;
+use crate::neural::{NeuralError, Tensor};
+use program::{Kernel, NnControl, Program, Storage};
+
+/// The kernel source, embedded at build time (without the ABI header, see [`full_source`]).
+pub const KERNEL_SOURCE: &str = include_str!("../../../kernels/neural.cu");
+pub const KERNEL_FILE: &str = "neural.cu";
+pub use program::KERNEL_NAMES;
+
+/// The translation unit NVRTC sees: the generated ABI ([`program::header`]), then neural.cu.
+pub fn full_source() -> String {
+    format!(
+        "{}\n#line 1 \"{KERNEL_FILE}\"\n{KERNEL_SOURCE}",
+        program::header()
+    )
+}
+
+static PTX_CACHE: Lazy<Mutex<HashMap<String, String>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+static MODULES: Lazy<Mutex<HashMap<usize, Arc<NeuralKernels>>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// Compiles kernels/neural.cu to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
+/// `TOONFLOW_CUDA_FAULT=compile` makes it fail with NVRTC's own error.
+pub fn compile(arch: &str) -> Result<(String, f64), CudaError> {
+    let broken = injected(Fault::Compile);
+    if let Some(ptx) = PTX_CACHE.lock().get(arch).filter(|_| !broken) {
+        return Ok((ptx.clone(), 0.0));
+    }
+    let start = Instant::now();
+    let opts = CompileOptions {
+        fmad: Some(true),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ftz: Some(false),
+        use_fast_math: Some(false),
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++14".into()],
+        name: Some(KERNEL_FILE.into()),
+        ..Default::default()
+    };
+    let mut src = full_source();
+    if broken {
+        src.push_str("\n#error \"fault injected by TOONFLOW_CUDA_FAULT=compile\"\n");
+    }
+    let ptx = guard("NVRTC", || {
+        cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|source| CudaError::Compile {
+            file: KERNEL_FILE,
+            arch: arch.to_string(),
+            source,
+        })
+    })?;
+    let text = ptx.to_src();
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    if !broken {
+        PTX_CACHE.lock().insert(arch.to_string(), text.clone());
+    }
+    Ok((text, ms))
+}
+
+/// The loaded kernels of one device.
+pub struct NeuralKernels {
+    functions: HashMap<&'static str, CudaFunction>,
+    pub compile_ms: f64,
+    pub arch: String,
+}
+
+impl NeuralKernels {
+    fn get(&self, k: Kernel) -> &CudaFunction {
+        &self.functions[k.name()]
+    }
+}
+
+/// The kernels loaded into `ctx` (compiled on first use in this process).
+pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<NeuralKernels>, CudaError> {
+    let key = ctx.ordinal();
+    let mut modules = MODULES.lock();
+    if let Some(k) = modules.get(&key).filter(|_| !injected(Fault::Compile)) {
+        return Ok(k.clone());
+    }
+    let (_, (major, minor)) = describe(ctx)?;
+    let arch = format!("sm_{major}{minor}");
+    let (ptx, compile_ms) = compile(&arch)?;
+    let k = guard("loading the neural kernels", || {
+        let module = ctx
+            .load_module(Ptx::from_src(ptx))
+            .map_err(driver("cuModuleLoadData (neural.cu)"))?;
+        let mut functions = HashMap::new();
+        for name in KERNEL_NAMES {
+            let f = module
+                .load_function(name)
+                .map_err(driver(format!("kernel {name}")))?;
+            functions.insert(name, f);
+        }
+        Ok(NeuralKernels {
+            functions,
+            compile_ms,
+            arch: arch.clone(),
+        })
+    })?;
+    let k = Arc::new(k);
+    modules.insert(key, k.clone());
+    Ok(k)
+}
+
+/// Why the network cannot run on the GPU: the model (an operator without a GPU kernel, a
+/// shape the kernels do not take) or CUDA.
+#[derive(Debug, thiserror::Error)]
+pub enum NeuralGpuError {
+    #[error("{0}")]
+    Model(#[from] NeuralError),
+    #[error("{0}")]
+    Cuda(#[from] CudaError),
+}
+
+/// One device allocation, freed on drop.
+struct DeviceBlock {
+    ptr: CUdeviceptr,
+    bytes: u64,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for DeviceBlock {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` came from `malloc_sync` in this context and is freed only here; the
+        // executor drops its graphs first and synchronises after every frame.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+fn allocate(ctx: &Arc<CudaContext>, bytes: u64, what: &str) -> Result<DeviceBlock, CudaError> {
+    let (free, _) = memory_info(ctx)?;
+    let ask = if injected(Fault::Alloc) {
+        free.saturating_mul(4)
+    } else {
+        bytes.max(1)
+    };
+    if bytes > free {
+        return Err(CudaError::out_of_memory(format!(
+            "{what} needs {bytes} bytes, the device has {free} bytes free"
+        )));
+    }
+    guard("cuMemAlloc", || {
+        ctx.bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        // SAFETY: the context is current on this thread; the result is checked.
+        let ptr = unsafe { result::malloc_sync(ask as usize) }.map_err(|e| {
+            CudaError::OutOfMemory(MemoryShortfall {
+                message: format!("cuMemAlloc of {ask} bytes for {what} failed"),
+                source: Some(e),
+            })
+        })?;
+        Ok(DeviceBlock {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+        })
+    })
+}
+
+/// What the executor wants logged.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NeuralGpuEvent {
+    KernelsReady { arch: String, compile_ms: f64 },
+    GraphCaptured { launches: u32, capture_us: f64 },
+    GraphCaptureFailed { reason: String },
+}
+
+/// A specialised network on one device.
+pub struct NeuralGpu {
+    // Field order is drop order: graphs go before the memory their kernels address.
+    cache: GraphCache<u32, OwnedGraph>,
+    arena: DeviceBlock,
+    statics: DeviceBlock,
+    host_control: Box<NnControl>,
+    events: [CudaEvent; 2],
+    stream: Arc<CudaStream>,
+    kernels: Arc<NeuralKernels>,
+    ctx: Arc<CudaContext>,
+    program: Program,
+    use_graph: bool,
+    smoothing: f32,
+    reset_pending: bool,
+    stats: GpuFrameStats,
+    log: Vec<NeuralGpuEvent>,
+    device_name: String,
+}
+
+impl std::fmt::Debug for NeuralGpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NeuralGpu")
+            .field("device", &self.device_name)
+            .field("arena_bytes", &self.program.arena.arena_bytes)
+            .field("static_bytes", &self.program.static_bytes)
+            .field("launches", &self.program.launches.len())
+            .finish()
+    }
+}
+
+impl NeuralGpu {
+    /// Builds the program of `spec` with `storage` (tensor cores where asked for and the device
+    /// is sm_80 or newer), checks it against `max_device_memory`
+    /// (0: no cap) and the device's free memory, allocates its arena and static block once and
+    /// uploads the weights. An operator without a GPU kernel is a [`NeuralGpuError::Model`]
+    /// before anything touches the device.
+    pub fn new(
+        device_id: usize,
+        spec: &Specialised,
+        storage: &Storage,
+        max_device_memory: u64,
+        use_graph: bool,
+    ) -> Result<Self, NeuralGpuError> {
+        let ctx = context(device_id)?;
+        let (device_name, (major, _)) = describe(&ctx)?;
+        // mma.sync m16n8k16 needs sm_80
+        let storage = &Storage {
+            half: storage.half.clone(),
+            tensor_cores: storage.tensor_cores && major >= 8,
+        };
+        let sizing = program::build(spec, storage, 0, 0)?;
+        let total = sizing.arena.arena_bytes + sizing.static_bytes;
+        if max_device_memory > 0 && total > max_device_memory {
+            return Err(CudaError::out_of_memory(format!(
+                "the network's plan for {} needs {total} bytes (activations {} + weights and \
+                 state {}), over max-device-memory={max_device_memory}",
+                sizing.arena.label, sizing.arena.arena_bytes, sizing.static_bytes
+            ))
+            .into());
+        }
+        let kernels = kernels(&ctx)?;
+        let (stream, events) = guard("creating the stream", || {
+            let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+            let ev = || {
+                ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(driver("cuEventCreate"))
+            };
+            Ok((stream, [ev()?, ev()?]))
+        })?;
+        let arena = allocate(
+            &ctx,
+            sizing.arena.arena_bytes.max(1),
+            &format!("the activation arena of {}", sizing.arena.label),
+        )?;
+        let statics = allocate(
+            &ctx,
+            sizing.static_bytes,
+            &format!("the weights and state of {}", sizing.arena.label),
+        )?;
+        let program = program::build(spec, storage, arena.ptr, statics.ptr)?;
+        debug_assert_eq!(program.static_bytes, sizing.static_bytes);
+        // SAFETY: the static block holds `static_bytes` bytes, the initial image has exactly
+        // that many, and the synchronisation below ends the copy before the image is dropped.
+        unsafe {
+            copy_h2d(
+                stream.cu_stream(),
+                program.static_init.as_ptr(),
+                statics.ptr,
+                program.static_init.len(),
+            )
+            .map_err(driver("weights upload"))?;
+            result::memset_d8_async(arena.ptr, 0, arena.bytes as usize, stream.cu_stream())
+                .map_err(driver("cuMemsetD8Async"))?;
+        }
+        stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))?;
+        let log = vec![NeuralGpuEvent::KernelsReady {
+            arch: kernels.arch.clone(),
+            compile_ms: kernels.compile_ms,
+        }];
+        Ok(NeuralGpu {
+            cache: GraphCache::new(GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES),
+            arena,
+            statics,
+            host_control: Box::new(bytemuck::Zeroable::zeroed()),
+            events,
+            stream,
+            kernels,
+            ctx,
+            program,
+            use_graph,
+            smoothing: 0.0,
+            reset_pending: true,
+            stats: GpuFrameStats::default(),
+            log,
+            device_name,
+        })
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    /// The program (arena plan, launches, static bytes).
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    pub fn launches_per_frame(&self) -> u32 {
+        self.program.launches.len() as u32
+    }
+
+    /// Device bytes this network holds: activations plus weights, state and parameters.
+    pub fn device_bytes(&self) -> u64 {
+        self.arena.bytes + self.statics.bytes
+    }
+
+    pub fn set_use_graph(&mut self, on: bool) {
+        self.use_graph = on;
+    }
+
+    /// model-stat-smoothing, applied on the device from the next frame.
+    pub fn set_smoothing(&mut self, a: f32) {
+        self.smoothing = if a.is_nan() { 0.0 } else { a.clamp(0.0, 0.99) };
+    }
+
+    /// Forgets the smoothed statistics (applied with the next frame).
+    pub fn reset(&mut self) {
+        self.reset_pending = true;
+    }
+
+    pub fn take_events(&mut self) -> Vec<NeuralGpuEvent> {
+        std::mem::take(&mut self.log)
+    }
+
+    pub fn last_frame_stats(&self) -> GpuFrameStats {
+        self.stats
+    }
+
+    fn enqueue_range(&self, from: usize, to: usize) -> Result<(), CudaError> {
+        for l in &self.program.launches[from..to] {
+            let cfg = LaunchConfig {
+                grid_dim: l.grid,
+                block_dim: l.block,
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: every kernel of neural.cu takes one pointer to its parameter block, which
+            // `program::build` wrote into the static block at `l.params` with the addresses of
+            // this executor's arena and static block (both outlive the launches and any graph
+            // captured from them); the kernels bound-check their index spaces.
+            unsafe {
+                self.stream
+                    .launch_builder(self.kernels.get(l.kernel))
+                    .arg(&l.params)
+                    .launch(cfg)
+                    .map_err(driver(l.kernel.name()))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn upload_input(&mut self, input: &Tensor<f32>) -> Result<(), CudaError> {
+        let p = self.program.input;
+        if input.data.len() as u64 != p.elements || p.half {
+            return Err(CudaError::Failed(format!(
+                "input of {} values, the network takes {}",
+                input.data.len(),
+                p.elements
+            )));
+        }
+        self.host_control.smoothing = self.smoothing;
+        self.host_control.reset = self.reset_pending as i32;
+        // SAFETY: the input buffer holds `elements` f32 in the arena, the control block
+        // NnControl in the static block; the host memory outlives the synchronisation that
+        // ends every frame.
+        unsafe {
+            copy_h2d(
+                self.stream.cu_stream(),
+                input.data.as_ptr() as *const u8,
+                p.addr,
+                input.data.len() * 4,
+            )
+            .map_err(driver("input upload"))?;
+            copy_h2d(
+                self.stream.cu_stream(),
+                bytemuck::bytes_of(&*self.host_control).as_ptr(),
+                self.program.control,
+                std::mem::size_of::<NnControl>(),
+            )
+            .map_err(driver("control upload"))?;
+        }
+        Ok(())
+    }
+
+    fn download_output(&mut self, output: &mut Tensor<f32>) -> Result<(), CudaError> {
+        let p = self.program.output;
+        if output.data.len() as u64 != p.elements || p.half {
+            return Err(CudaError::Failed(format!(
+                "output of {} values, the network makes {}",
+                output.data.len(),
+                p.elements
+            )));
+        }
+        // SAFETY: the output buffer holds `elements` f32; the host slice is as long and is not
+        // read before the synchronisation below.
+        unsafe {
+            copy_d2h(
+                self.stream.cu_stream(),
+                p.addr,
+                output.data.as_mut_ptr() as *mut u8,
+                output.data.len() * 4,
+            )
+            .map_err(driver("output download"))?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// Runs one frame: `input` (the network's input tensor, f32) up, the launches (eager,
+    /// captured or replayed), the output down into `output` (its shape must be the network's).
+    pub fn run(&mut self, input: &Tensor<f32>, output: &mut Tensor<f32>) -> Result<(), CudaError> {
+        let start = Instant::now();
+        guard("running the network", || {
+            self.ctx
+                .bind_to_thread()
+                .map_err(driver("binding the context"))?;
+            self.upload_input(input)?;
+            self.events[0]
+                .record(&self.stream)
+                .map_err(driver("cuEventRecord"))?;
+            let replayed = self.run_launches()?;
+            self.events[1]
+                .record(&self.stream)
+                .map_err(driver("cuEventRecord"))?;
+            self.download_output(output)?;
+            self.reset_pending = false;
+            let gpu = self.events[0]
+                .elapsed_ms(&self.events[1])
+                .map(|v| v as f64 * 1e3)
+                .unwrap_or(0.0);
+            self.stats = GpuFrameStats {
+                gpu_time_us: gpu,
+                launches: self.launches_per_frame(),
+                graph_replayed: replayed,
+                arena_bytes: self.device_bytes(),
+                peak_live_bytes: self.program.arena.peak_live_bytes,
+                host_time_us: start.elapsed().as_secs_f64() * 1e6,
+                ..GpuFrameStats::default()
+            };
+            Ok(())
+        })
+    }
+
+    /// Runs the launches of a frame without any copy (for timing): returns whether a graph ran.
+    pub fn run_launches(&mut self) -> Result<bool, CudaError> {
+        let n = self.program.launches.len();
+        if !self.use_graph {
+            self.enqueue_range(0, n)?;
+            return Ok(false);
+        }
+        let mut cache = std::mem::replace(&mut self.cache, GraphCache::new(1, 0));
+        let ran = cache.run(&0u32, &self.stream, || self.enqueue_range(0, n));
+        self.cache = cache;
+        Ok(match ran? {
+            Ran::Eager => false,
+            Ran::Replayed => true,
+            Ran::Captured { capture_us, .. } => {
+                self.log.push(NeuralGpuEvent::GraphCaptured {
+                    launches: n as u32,
+                    capture_us,
+                });
+                true
+            }
+            Ran::CaptureFailed { reason } => {
+                self.log.push(NeuralGpuEvent::GraphCaptureFailed {
+                    reason: reason.to_string(),
+                });
+                false
+            }
+        })
+    }
+
+    /// Waits for the stream (after [`run_launches`](Self::run_launches) for timing).
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// Runs one frame eagerly with the CPU engine's stats hook: after each normalize stage its
+    /// statistics come to the host, `hook(index, mean, var)` may change them, and they go back
+    /// before the next stage reads them. The device smoother is off for this frame.
+    pub fn run_with_hook(
+        &mut self,
+        input: &Tensor<f32>,
+        output: &mut Tensor<f32>,
+        hook: StatsHook<'_>,
+    ) -> Result<(), CudaError> {
+        guard("running the network with a stats hook", || {
+            self.ctx
+                .bind_to_thread()
+                .map_err(driver("binding the context"))?;
+            let keep = self.smoothing;
+            self.smoothing = 0.0;
+            let up = self.upload_input(input);
+            self.smoothing = keep;
+            up?;
+            let mut from = 0;
+            for (k, sp) in self.program.stats.clone().iter().enumerate() {
+                let to = self
+                    .program
+                    .launches
+                    .iter()
+                    .position(|l| l.stage == sp.stage && l.kernel == Kernel::Moments)
+                    .map_or(from, |p| p + 1);
+                self.enqueue_range(from, to)?;
+                from = to;
+                let mut mean = vec![0.0f32; sp.channels];
+                let mut var = vec![0.0f32; sp.channels];
+                // SAFETY: mean and var hold `channels` f32 each in the static block; the host
+                // vectors are as long; synchronised before they are read, and again (below)
+                // before they are dropped.
+                unsafe {
+                    let s = self.stream.cu_stream();
+                    copy_d2h(s, sp.mean, mean.as_mut_ptr() as *mut u8, 4 * sp.channels)
+                        .map_err(driver("statistics download"))?;
+                    copy_d2h(s, sp.var, var.as_mut_ptr() as *mut u8, 4 * sp.channels)
+                        .map_err(driver("statistics download"))?;
+                }
+                self.synchronize()?;
+                hook(k, &mut mean, &mut var);
+                // SAFETY: as above, the other way.
+                unsafe {
+                    let s = self.stream.cu_stream();
+                    copy_h2d(s, mean.as_ptr() as *const u8, sp.mean, 4 * sp.channels)
+                        .map_err(driver("statistics upload"))?;
+                    copy_h2d(s, var.as_ptr() as *const u8, sp.var, 4 * sp.channels)
+                        .map_err(driver("statistics upload"))?;
+                }
+                self.synchronize()?;
+            }
+            self.enqueue_range(from, self.program.launches.len())?;
+            self.download_output(output)?;
+            self.reset_pending = false;
+            Ok(())
+        })
+    }
+}
+
+/// f32 from IEEE half bits (calibration readback of fp16 buffers).
+fn half_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
+    let exp = ((h >> 10) & 0x1f) as i32;
+    let frac = (h & 0x3ff) as f32;
+    match exp {
+        0 => sign * frac * 2f32.powi(-24),
+        31 if frac == 0.0 => sign * f32::INFINITY,
+        31 => f32::NAN,
+        e => sign * (1.0 + frac / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
+/// Sees each stage's outputs (f32 values) after the stage ran: `(stage, values)`.
+pub type OutputObserver<'a> = &'a mut dyn FnMut(usize, &[f32]);
+/// Sees each normalization's statistics: `(index, mean, var)`.
+pub type StatsObserver<'a> = &'a mut dyn FnMut(usize, &[f32], &[f32]);
+
+impl NeuralGpu {
+    fn read_place(&self, p: program::Place) -> Result<Vec<f32>, CudaError> {
+        let n = p.elements as usize;
+        let mut raw = vec![0u8; n * if p.half { 2 } else { 4 }];
+        // SAFETY: the place holds `elements` values of its storage in this executor's memory;
+        // `raw` is as long and is read only after the synchronisation below.
+        unsafe {
+            copy_d2h(self.stream.cu_stream(), p.addr, raw.as_mut_ptr(), raw.len())
+                .map_err(driver("stage output download"))?;
+        }
+        self.synchronize()?;
+        Ok(if p.half {
+            raw.chunks_exact(2)
+                .map(|b| half_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .collect()
+        } else {
+            raw.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()
+        })
+    }
+
+    /// Runs one frame eagerly, stage by stage, showing every stage's outputs and every
+    /// normalization's statistics to the observers (calibration on the device: slow, once).
+    pub fn run_observed(
+        &mut self,
+        input: &Tensor<f32>,
+        output: &mut Tensor<f32>,
+        outputs: OutputObserver<'_>,
+        stats: StatsObserver<'_>,
+    ) -> Result<(), CudaError> {
+        guard("running the network for calibration", || {
+            self.ctx
+                .bind_to_thread()
+                .map_err(driver("binding the context"))?;
+            self.upload_input(input)?;
+            let stages = self.program.stage_outputs.len();
+            let mut from = 0;
+            for stage in 0..stages {
+                let to = from
+                    + self.program.launches[from..]
+                        .iter()
+                        .take_while(|l| l.stage == stage)
+                        .count();
+                self.enqueue_range(from, to)?;
+                from = to;
+                for p in self.program.stage_outputs[stage].clone() {
+                    let v = self.read_place(p)?;
+                    outputs(stage, &v);
+                }
+                for (k, sp) in self.program.stats.clone().iter().enumerate() {
+                    if sp.stage == stage {
+                        let mean = self.read_place(program::Place {
+                            addr: sp.mean,
+                            half: false,
+                            elements: sp.channels as u64,
+                        })?;
+                        let var = self.read_place(program::Place {
+                            addr: sp.var,
+                            half: false,
+                            elements: sp.channels as u64,
+                        })?;
+                        stats(k, &mean, &var);
+                    }
+                }
+            }
+            self.download_output(output)?;
+            self.reset_pending = false;
+            Ok(())
+        })
+    }
+}
+
+/// fp16 storage for every stage (`precision=fp16` until calibration decides per stage) or
+/// fp32 everywhere.
+pub fn uniform_storage(spec: &Specialised, half: bool) -> Storage {
+    Storage::uniform(spec.stage_count(), half)
+}

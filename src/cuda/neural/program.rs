@@ -1,0 +1,1456 @@
+//! The lowered stages of a specialised network turned into GPU launches: which kernel, which
+//! parameter block, which grid. Pure Rust (no device): the executor allocates what
+//! [`Program::arena`] and [`Program::static_bytes`] ask for and builds the program again with
+//! the real base addresses, so every address in the parameter blocks is final and a captured
+//! graph replays them as they are.
+//!
+//! Device memory of a program: one **arena** for the activations the stages exchange, laid out
+//! by the project's planner (`memplan::ArenaPlan`, per-buffer element sizes: fp16 or fp32
+//! storage), and one **static** block: the control block (smoothing, reset), the statistics
+//! smoother's state, the moments scratch, the statistics, the weights (fp32), constants, resize
+//! taps and the parameter blocks.
+
+use std::collections::HashMap;
+
+use crate::kernel_abi::{Define, KernelStruct, c_header, kernel_struct};
+use crate::memplan::{ALIGN, ArenaPlan, BufferRequest};
+use crate::neural::engine::Specialised;
+use crate::neural::lower::{Lowered, Stage, StageKind, activation};
+use crate::neural::onnx::NodeProto;
+use crate::neural::ops::elementwise::Activation;
+use crate::neural::precision::{PrecisionPlan, StoragePrecision};
+use crate::neural::{NeuralError, Value};
+
+/// Output channels one conv thread computes (the weights of one tap are contiguous).
+pub const CONV_OCB: usize = 8;
+/// Conv thread block (x along the output row, y down the rows).
+pub const CONV_BLOCK: (u32, u32) = (32, 4);
+/// Tensor-core conv: warps per block (16 output pixels each), 8-channel tiles per warp.
+pub const MMA_WARPS: u32 = 4;
+pub const MMA_NT: u32 = 8;
+pub const MOMENTS_THREADS: u32 = 256;
+pub const ELEMENTWISE_THREADS: u32 = 256;
+/// Ops and operands one fused elementwise launch carries.
+pub const EW_MAX_OPS: usize = 16;
+pub const EW_MAX_OPERANDS: usize = 8;
+
+// Elementwise opcodes (binary first, then unary from NN_EW_FIRST_UNARY).
+const EW_ADD: i32 = 1;
+const EW_SUB: i32 = 2;
+const EW_MUL: i32 = 3;
+const EW_DIV: i32 = 4;
+const EW_POW: i32 = 5;
+const EW_MIN: i32 = 6;
+const EW_MAX: i32 = 7;
+const EW_PRELU: i32 = 8;
+const EW_FIRST_UNARY: i32 = 20;
+const EW_RELU: i32 = 20;
+const EW_LEAKY: i32 = 21;
+const EW_SIGMOID: i32 = 22;
+const EW_TANH: i32 = 23;
+const EW_SQRT: i32 = 24;
+const EW_RECIP: i32 = 25;
+const EW_NEG: i32 = 26;
+const EW_ABS: i32 = 27;
+const EW_EXP: i32 = 28;
+const EW_LOG: i32 = 29;
+const EW_FLOOR: i32 = 30;
+const EW_CEIL: i32 = 31;
+const EW_CLIP: i32 = 32;
+const EW_IDENTITY: i32 = 33;
+
+kernel_struct! {
+/// One convolution stage: [Pad] + Conv (+ bias) [+ activation].
+pub struct NnConv {
+    pub x: u64,
+    pub y: u64,
+    /// fp32 weights, [oc block][ic within the group][ky][kx][CONV_OCB].
+    pub w: u64,
+    /// fp32 bias per output channel, or 0.
+    pub b: u64,
+    /// Tensor-core path: fp16 weights [tap][n_tiles * 8][cin_pad] (else 0).
+    pub wh: u64,
+    /// Tensor-core path: cin rounded up to 16, output channel tiles of 8.
+    pub cin_pad: i32,
+    pub n_tiles: i32,
+    pub cin: i32,
+    pub h: i32,
+    pub w_in: i32,
+    pub cout: i32,
+    pub oh: i32,
+    pub ow: i32,
+    pub kh: i32,
+    pub kw: i32,
+    pub sh: i32,
+    pub sw: i32,
+    pub dh: i32,
+    pub dw: i32,
+    pub groups: i32,
+    /// The Pad's begin pads and the padded size (the convolution's input).
+    pub pad_t: i32,
+    pub pad_l: i32,
+    pub hp: i32,
+    pub wp: i32,
+    /// The convolution's own (zero) begin pads.
+    pub conv_pt: i32,
+    pub conv_pl: i32,
+    /// 0 constant, 1 reflect, 2 edge.
+    pub pad_mode: i32,
+    pub pad_value: f32,
+    pub act: i32,
+    pub act_a: f32,
+    pub act_b: f32,
+}
+}
+
+kernel_struct! {
+/// Host → device before every frame.
+pub struct NnControl {
+    /// model-stat-smoothing (0: each frame's own statistics).
+    pub smoothing: f32,
+    /// Non-zero: forget the smoothed statistics (scene cut, flush, caps).
+    pub reset: i32,
+    pub pad: [i32; 2],
+}
+}
+
+kernel_struct! {
+/// One normalize stage's statistics.
+pub struct NnMoments {
+    pub x: u64,
+    pub mean: u64,
+    pub var: u64,
+    /// double [channels][blocks][2] scratch.
+    pub partial: u64,
+    /// u32 per channel, zero between launches.
+    pub counter: u64,
+    pub state_mean: u64,
+    pub state_var: u64,
+    pub state_primed: u64,
+    pub control: u64,
+    pub hw: i32,
+    pub x_half: i32,
+}
+}
+
+kernel_struct! {
+/// InstanceNormalization's application (after its statistics).
+pub struct NnNormApply {
+    pub x: u64,
+    pub y: u64,
+    pub mean: u64,
+    pub var: u64,
+    pub scale: u64,
+    pub bias: u64,
+    pub c: i32,
+    pub hw: i32,
+    pub x_half: i32,
+    pub y_half: i32,
+    pub eps: f32,
+    pub act: i32,
+    pub act_a: f32,
+    pub act_b: f32,
+}
+}
+
+kernel_struct! {
+/// A fused elementwise chain over a 4-D output.
+pub struct NnEltwise {
+    pub y: u64,
+    pub operand: [u64; EW_MAX_OPERANDS],
+    pub dims: [i32; 4],
+    pub strides: [i32; 4 * EW_MAX_OPERANDS],
+    pub operand_half: [i32; EW_MAX_OPERANDS],
+    pub op_code: [i32; EW_MAX_OPS],
+    pub op_a: [i32; EW_MAX_OPS],
+    pub op_b: [i32; EW_MAX_OPS],
+    pub op_p0: [f32; EW_MAX_OPS],
+    pub op_p1: [f32; EW_MAX_OPS],
+    pub n_ops: i32,
+    pub y_half: i32,
+}
+}
+
+kernel_struct! {
+/// A strided 4-D copy with conversion.
+pub struct NnCopy {
+    pub src: u64,
+    pub dst: u64,
+    pub dims: [i32; 4],
+    pub src_strides: [i32; 4],
+    pub dst_strides: [i32; 4],
+    pub src_offset: i32,
+    pub dst_offset: i32,
+    pub src_half: i32,
+    pub dst_half: i32,
+}
+}
+
+kernel_struct! {
+/// Resize of the last two axes from taps tables.
+pub struct NnResize {
+    pub x: u64,
+    pub y: u64,
+    /// (i0, i1, w0 bits, w1 bits) per output row, then per output column.
+    pub taps: u64,
+    pub planes: i32,
+    pub in_h: i32,
+    pub in_w: i32,
+    pub out_h: i32,
+    pub out_w: i32,
+    pub x_half: i32,
+    pub y_half: i32,
+    pub pad: i32,
+}
+}
+
+kernel_struct! {
+/// Softmax over rows.
+pub struct NnSoftmax {
+    pub x: u64,
+    pub y: u64,
+    pub len: i32,
+    pub x_half: i32,
+    pub y_half: i32,
+    pub pad: i32,
+}
+}
+
+/// The C text the kernels are compiled with (prepended to kernels/neural.cu).
+pub fn header() -> String {
+    let defines = [
+        Define::int("NN_CONV_OCB", CONV_OCB as i64),
+        Define::int("NN_MMA_WARPS", MMA_WARPS as i64),
+        Define::int("NN_MMA_NT", MMA_NT as i64),
+        Define::int("NN_EW_ADD", EW_ADD),
+        Define::int("NN_EW_SUB", EW_SUB),
+        Define::int("NN_EW_MUL", EW_MUL),
+        Define::int("NN_EW_DIV", EW_DIV),
+        Define::int("NN_EW_POW", EW_POW),
+        Define::int("NN_EW_MIN", EW_MIN),
+        Define::int("NN_EW_MAX", EW_MAX),
+        Define::int("NN_EW_PRELU", EW_PRELU),
+        Define::int("NN_EW_FIRST_UNARY", EW_FIRST_UNARY),
+        Define::int("NN_EW_RELU", EW_RELU),
+        Define::int("NN_EW_LEAKY", EW_LEAKY),
+        Define::int("NN_EW_SIGMOID", EW_SIGMOID),
+        Define::int("NN_EW_TANH", EW_TANH),
+        Define::int("NN_EW_SQRT", EW_SQRT),
+        Define::int("NN_EW_RECIP", EW_RECIP),
+        Define::int("NN_EW_NEG", EW_NEG),
+        Define::int("NN_EW_ABS", EW_ABS),
+        Define::int("NN_EW_EXP", EW_EXP),
+        Define::int("NN_EW_LOG", EW_LOG),
+        Define::int("NN_EW_FLOOR", EW_FLOOR),
+        Define::int("NN_EW_CEIL", EW_CEIL),
+        Define::int("NN_EW_CLIP", EW_CLIP),
+        Define::int("NN_EW_IDENTITY", EW_IDENTITY),
+    ];
+    c_header(
+        "toonflow neural ABI",
+        &defines,
+        &[
+            NnConv::c_declaration(),
+            NnControl::c_declaration(),
+            NnMoments::c_declaration(),
+            NnNormApply::c_declaration(),
+            NnEltwise::c_declaration(),
+            NnCopy::c_declaration(),
+            NnResize::c_declaration(),
+            NnSoftmax::c_declaration(),
+        ],
+    )
+}
+
+/// The kernels a program launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Convolution with (input half, output half).
+    Conv(bool, bool),
+    /// Tensor-core convolution (fp16 input) with output half.
+    ConvMma(bool),
+    Moments,
+    NormApply,
+    Eltwise,
+    Copy,
+    Resize,
+    Softmax,
+}
+
+impl Kernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Conv(false, false) => "nn_conv_ff",
+            Kernel::Conv(false, true) => "nn_conv_fh",
+            Kernel::Conv(true, false) => "nn_conv_hf",
+            Kernel::Conv(true, true) => "nn_conv_hh",
+            Kernel::ConvMma(false) => "nn_conv_mma_hf",
+            Kernel::ConvMma(true) => "nn_conv_mma_hh",
+            Kernel::Moments => "nn_moments",
+            Kernel::NormApply => "nn_norm_apply",
+            Kernel::Eltwise => "nn_eltwise",
+            Kernel::Copy => "nn_copy",
+            Kernel::Resize => "nn_resize",
+            Kernel::Softmax => "nn_softmax",
+        }
+    }
+}
+
+/// Every kernel of kernels/neural.cu, by name.
+pub const KERNEL_NAMES: [&str; 12] = [
+    "nn_conv_mma_hf",
+    "nn_conv_mma_hh",
+    "nn_conv_ff",
+    "nn_conv_fh",
+    "nn_conv_hf",
+    "nn_conv_hh",
+    "nn_moments",
+    "nn_norm_apply",
+    "nn_eltwise",
+    "nn_copy",
+    "nn_resize",
+    "nn_softmax",
+];
+
+/// One kernel launch: its parameter block sits at `params` (an absolute device address).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Launch {
+    pub kernel: Kernel,
+    pub params: u64,
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    /// The stage it belongs to.
+    pub stage: usize,
+}
+
+/// Where a value lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    pub addr: u64,
+    pub half: bool,
+    pub elements: u64,
+}
+
+/// A normalize stage's statistics, for the host hook (fp32, `channels` each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatsPlace {
+    pub stage: usize,
+    pub mean: u64,
+    pub var: u64,
+    pub channels: usize,
+}
+
+/// Tensor cores with `TOONFLOW_NEURAL_MMA=1` (the executor uses them on sm_80+ only): off by
+/// default until the path has been measured on a GPU (tests/neural_cuda.rs checks both).
+pub fn tensor_cores_default() -> bool {
+    std::env::var("TOONFLOW_NEURAL_MMA").is_ok_and(|v| v == "1")
+}
+
+/// Storage of each stage's outputs: fp16 (`true`) or fp32, and whether convolutions reading
+/// fp16 may use tensor cores (sm_80+).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Storage {
+    pub half: Vec<bool>,
+    pub tensor_cores: bool,
+}
+
+impl Storage {
+    pub fn uniform(stages: usize, half: bool) -> Self {
+        Storage {
+            half: vec![half; stages],
+            tensor_cores: tensor_cores_default(),
+        }
+    }
+
+    /// The calibrated decision per stage (src/neural/precision.rs).
+    pub fn from_plan(plan: &PrecisionPlan) -> Self {
+        Storage {
+            half: (0..plan.len())
+                .map(|i| plan.stage(i) == StoragePrecision::Fp16)
+                .collect(),
+            tensor_cores: tensor_cores_default(),
+        }
+    }
+}
+
+/// A specialised network as launches, with every address resolved against the two bases.
+#[derive(Debug, Clone)]
+pub struct Program {
+    pub arena: ArenaPlan,
+    pub static_bytes: u64,
+    /// The static block's initial bytes (weights, taps, parameter blocks; zeros elsewhere).
+    pub static_init: Vec<u8>,
+    pub launches: Vec<Launch>,
+    pub input: Place,
+    pub output: Place,
+    pub control: u64,
+    pub stats: Vec<StatsPlace>,
+    /// Each stage's outputs (for calibration readback).
+    pub stage_outputs: Vec<Vec<Place>>,
+    /// Bytes of weights and constants in the static block.
+    pub weight_bytes: u64,
+}
+
+fn aligned(b: u64) -> u64 {
+    b.div_ceil(ALIGN) * ALIGN
+}
+
+fn unsupported(stage: usize, s: &Stage, what: impl AsRef<str>) -> NeuralError {
+    NeuralError::Unsupported(format!(
+        "{} (stage {stage} {} '{}', on the GPU; backend=cpu runs it)",
+        what.as_ref(),
+        s.kind.label(),
+        s.name
+    ))
+}
+
+/// A launch before its parameter block is placed: (kernel, block bytes, grid, block, stage).
+type Pending = (Kernel, Vec<u8>, (u32, u32, u32), (u32, u32, u32), usize);
+
+/// The static block as it is written.
+struct Statics {
+    bytes: Vec<u8>,
+    base: u64,
+}
+
+impl Statics {
+    fn reserve(&mut self, bytes: u64) -> u64 {
+        let at = aligned(self.bytes.len() as u64);
+        self.bytes.resize((at + bytes) as usize, 0);
+        self.base + at
+    }
+    fn put(&mut self, data: &[u8]) -> u64 {
+        let at = self.reserve(data.len() as u64);
+        let off = (at - self.base) as usize;
+        self.bytes[off..off + data.len()].copy_from_slice(data);
+        at
+    }
+    fn floats(&mut self, v: &[f32]) -> u64 {
+        self.put(bytemuck::cast_slice(v))
+    }
+}
+
+fn const_floats<'a>(l: &'a Lowered, name: &str) -> Option<&'a crate::neural::Tensor<f32>> {
+    match l.consts.get(name) {
+        Some(Value::Float(t)) => Some(t),
+        _ => None,
+    }
+}
+
+fn const_ints(l: &Lowered, name: &str) -> Option<Vec<i64>> {
+    match l.consts.get(name) {
+        Some(Value::Int(t)) => Some(t.data.clone()),
+        Some(Value::Float(t)) => Some(t.data.iter().map(|&v| v as i64).collect()),
+        None => None,
+    }
+}
+
+fn act_code(a: Activation) -> (i32, f32, f32) {
+    match a {
+        Activation::None => (0, 0.0, 0.0),
+        Activation::Relu => (1, 0.0, 0.0),
+        Activation::LeakyRelu(al) => (2, al, 0.0),
+        Activation::Sigmoid => (3, 0.0, 0.0),
+        Activation::Tanh => (4, 0.0, 0.0),
+        Activation::Clip(lo, hi) => (5, lo, hi),
+    }
+}
+
+/// Clip's bounds from its attributes (opset < 11) or constant inputs.
+fn clip_bounds(l: &Lowered, n: &NodeProto) -> Option<(f32, f32)> {
+    let bound = |i: usize, attr: &str, default: f32| -> Option<f32> {
+        match n.input.get(i).filter(|s| !s.is_empty()) {
+            Some(name) => const_floats(l, name).and_then(|t| t.data.first().copied()),
+            None => Some(n.attr(attr).map_or(default, |a| a.f)),
+        }
+    };
+    Some((
+        bound(1, "min", f32::NEG_INFINITY)?,
+        bound(2, "max", f32::INFINITY)?,
+    ))
+}
+
+fn grid_1d(total: u64, threads: u32) -> (u32, u32, u32) {
+    let blocks = total.div_ceil(threads as u64).clamp(1, 1 << 20);
+    (blocks as u32, 1, 1)
+}
+
+/// 4-D shape (leading 1s) of a shape of rank ≤ 4.
+fn dims4(shape: &[usize]) -> Option<[usize; 4]> {
+    if shape.len() > 4 {
+        return None;
+    }
+    let mut d = [1usize; 4];
+    d[4 - shape.len()..].copy_from_slice(shape);
+    Some(d)
+}
+
+fn contiguous_strides(d: &[usize; 4]) -> [i64; 4] {
+    [
+        (d[1] * d[2] * d[3]) as i64,
+        (d[2] * d[3]) as i64,
+        d[3] as i64,
+        1,
+    ]
+}
+
+/// Builds the program of `spec` with `storage`, at the given bases (0, 0 to size it).
+pub fn build(
+    spec: &Specialised,
+    storage: &Storage,
+    arena_base: u64,
+    static_base: u64,
+) -> Result<Program, NeuralError> {
+    let l = spec.lowered();
+    let n_stages = l.stages.len();
+    if storage.half.len() != n_stages {
+        return Err(NeuralError::Graph(format!(
+            "storage plan for {} stages, the network has {n_stages}",
+            storage.half.len()
+        )));
+    }
+    let elements =
+        |v: &str| -> u64 { l.shapes.get(v).map_or(0, |s| s.iter().product::<usize>()) as u64 };
+    // which values are statistics (static, fp32)
+    let mut stat_values: HashMap<String, ()> = HashMap::new();
+    for s in &l.stages {
+        if let Some(st) = &s.stats
+            && st.instance.is_none()
+        {
+            for v in [&st.mean, &st.var].into_iter().flatten() {
+                stat_values.insert(v.clone(), ());
+            }
+        }
+    }
+    // storage of each activation: the input and the output fp32, stage outputs per plan
+    let mut half_of: HashMap<String, bool> = HashMap::new();
+    half_of.insert(l.input.clone(), false);
+    for (i, s) in l.stages.iter().enumerate() {
+        for o in &s.outputs {
+            half_of.insert(o.clone(), storage.half[i] && *o != l.output);
+        }
+    }
+    // lifetimes, as Specialised::plan counts them
+    let mut last_use: HashMap<&str, u32> = HashMap::new();
+    for (i, s) in l.stages.iter().enumerate() {
+        for v in &s.inputs {
+            last_use.insert(v.as_str(), i as u32);
+        }
+    }
+    let last_stage = n_stages.saturating_sub(1) as u32;
+    last_use.insert(l.output.as_str(), last_stage);
+    let bytes_of = |v: &str| elements(v) * if half_of.get(v) == Some(&true) { 2 } else { 4 };
+    let last = |v: &str, first: u32| {
+        last_use
+            .get(v)
+            .map_or(first, |&x| x.max(first))
+            .min(last_stage)
+    };
+    let mut requests = vec![BufferRequest {
+        name: l.input.clone(),
+        bytes: bytes_of(&l.input),
+        first: 0,
+        last: last(&l.input, 0),
+    }];
+    for (i, s) in l.stages.iter().enumerate() {
+        for o in &s.outputs {
+            if stat_values.contains_key(o) {
+                continue;
+            }
+            requests.push(BufferRequest {
+                name: o.clone(),
+                bytes: bytes_of(o),
+                first: i as u32,
+                last: last(o, i as u32),
+            });
+        }
+    }
+    let names = l
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("{i} {} {}", s.kind.label(), s.name))
+        .collect();
+    let halves = storage.half.iter().filter(|&&h| h).count();
+    let arena = ArenaPlan::layout(
+        &requests,
+        names,
+        format!(
+            "{:?} GPU ({halves} of {n_stages} stages fp16)",
+            spec.input_shape()
+        ),
+    );
+    let mut places: HashMap<String, Place> = HashMap::new();
+    for b in &arena.buffers {
+        places.insert(
+            b.name.clone(),
+            Place {
+                addr: arena_base + b.offset,
+                half: half_of.get(&b.name) == Some(&true),
+                elements: elements(&b.name),
+            },
+        );
+    }
+
+    let mut st = Statics {
+        bytes: Vec::new(),
+        base: static_base,
+    };
+    let control = st.reserve(std::mem::size_of::<NnControl>() as u64);
+    // moments scratch, sized for the widest normalization
+    let max_c = l.normalize_channels.iter().copied().max().unwrap_or(0) as u64;
+    let blocks_for = |hw: u64| hw.div_ceil(8192).clamp(1, 128);
+    let mut max_blocks = 1;
+    for s in &l.stages {
+        if let Some(x) = s.stats.as_ref().map(|x| &x.input) {
+            let shape = &l.shapes[x];
+            max_blocks = max_blocks.max(blocks_for(shape[2..].iter().product::<usize>() as u64));
+        }
+    }
+    let counter = st.reserve(4 * max_c.max(1));
+    let partial = st.reserve(16 * max_c.max(1) * max_blocks);
+    let mut stats = Vec::new();
+    let mut stats_of: HashMap<usize, (u64, u64, u64, u64, u64)> = HashMap::new();
+    for (i, s) in l.stages.iter().enumerate() {
+        if let Some(x) = &s.stats {
+            let c = l.normalize_channels[x.index] as u64;
+            let mean = st.reserve(4 * c);
+            let var = st.reserve(4 * c);
+            let sm = st.reserve(4 * c);
+            let sv = st.reserve(4 * c);
+            let sp = st.reserve(4 * c);
+            stats_of.insert(i, (mean, var, sm, sv, sp));
+            stats.push(StatsPlace {
+                stage: i,
+                mean,
+                var,
+                channels: c as usize,
+            });
+            for (name, addr) in [(&x.mean, mean), (&x.var, var)] {
+                if let Some(name) = name {
+                    places.insert(
+                        name.clone(),
+                        Place {
+                            addr,
+                            half: false,
+                            elements: c,
+                        },
+                    );
+                }
+            }
+        }
+    }
+    let weights_start = st.bytes.len() as u64;
+
+    // launches, with their parameter blocks collected first and placed after the weights
+    let mut blocks: Vec<Pending> = Vec::new();
+    for (i, s) in l.stages.iter().enumerate() {
+        let place = |places: &HashMap<String, Place>,
+                     st: &mut Statics,
+                     v: &str|
+         -> Result<Place, NeuralError> {
+            if let Some(p) = places.get(v) {
+                return Ok(*p);
+            }
+            if let Some(t) = const_floats(l, v) {
+                let addr = st.floats(&t.data);
+                return Ok(Place {
+                    addr,
+                    half: false,
+                    elements: t.data.len() as u64,
+                });
+            }
+            Err(unsupported(
+                i,
+                s,
+                format!("value '{v}' is neither an activation nor a float constant"),
+            ))
+        };
+        match s.kind {
+            StageKind::Conv => {
+                let conv_at = s
+                    .nodes
+                    .iter()
+                    .position(|n| n.op_type == "Conv")
+                    .ok_or_else(|| unsupported(i, s, "conv stage without a Conv"))?;
+                let conv = &s.nodes[conv_at];
+                let pad = (conv_at > 0).then(|| &s.nodes[0]);
+                let act_node = s.nodes.get(conv_at + 1);
+                let x_name = pad.map_or(&conv.input[0], |p| &p.input[0]);
+                let x = place(&places, &mut st, x_name)?;
+                let xs = l.shapes.get(x_name).cloned().unwrap_or_default();
+                let out = s
+                    .outputs
+                    .first()
+                    .ok_or_else(|| unsupported(i, s, "no output"))?;
+                let y = *places
+                    .get(out)
+                    .ok_or_else(|| unsupported(i, s, "output not planned"))?;
+                let ys = l.shapes[out].clone();
+                if xs.len() != 4 || ys.len() != 4 || xs[0] != 1 {
+                    return Err(unsupported(i, s, format!("convolution of shape {xs:?}")));
+                }
+                let wt = const_floats(l, &conv.input[1])
+                    .ok_or_else(|| unsupported(i, s, "computed convolution weights"))?;
+                let (cout, cin_g, kh, kw) = (wt.shape[0], wt.shape[1], wt.shape[2], wt.shape[3]);
+                let groups = conv.attr("group").map_or(1, |a| a.i.max(1) as usize);
+                let ints = |name: &str, d: Vec<i64>| conv.attr(name).map_or(d, |a| a.ints.clone());
+                let strides = ints("strides", vec![1, 1]);
+                let dil = ints("dilations", vec![1, 1]);
+                // the Pad
+                let (mut pad_t, mut pad_l, mut pad_b, mut pad_r, mut mode, mut value) =
+                    (0, 0, 0, 0, 1, 0.0f32);
+                if let Some(p) = pad {
+                    let pads = match p.input.get(1).filter(|s| !s.is_empty()) {
+                        Some(n) => {
+                            const_ints(l, n).ok_or_else(|| unsupported(i, s, "computed pads"))?
+                        }
+                        None => p.attr("pads").map(|a| a.ints.clone()).unwrap_or_default(),
+                    };
+                    if pads.len() != 8
+                        || pads[0] != 0
+                        || pads[1] != 0
+                        || pads[4] != 0
+                        || pads[5] != 0
+                        || pads.iter().any(|&v| v < 0)
+                    {
+                        return Err(unsupported(
+                            i,
+                            s,
+                            format!("Pad {pads:?} (only non-negative H/W pads)"),
+                        ));
+                    }
+                    (pad_t, pad_l, pad_b, pad_r) = (pads[2], pads[3], pads[6], pads[7]);
+                    let m = p.attr("mode").map_or("constant".to_string(), |a| {
+                        String::from_utf8_lossy(&a.s).into_owned()
+                    });
+                    mode = match m.as_str() {
+                        "constant" => 0,
+                        "reflect" => 1,
+                        "edge" => 2,
+                        other => return Err(unsupported(i, s, format!("Pad mode '{other}'"))),
+                    };
+                    value = match p.input.get(2).filter(|s| !s.is_empty()) {
+                        Some(n) => const_floats(l, n)
+                            .and_then(|t| t.data.first().copied())
+                            .ok_or_else(|| unsupported(i, s, "computed pad value"))?,
+                        None => p.attr("value").map_or(0.0, |a| a.f),
+                    };
+                    if mode == 1
+                        && (pad_t.max(pad_b) as usize >= xs[2]
+                            || pad_l.max(pad_r) as usize >= xs[3])
+                        && (xs[2] > 1 && xs[3] > 1)
+                    {
+                        // folds back and forth: the kernel's index math handles it
+                    }
+                }
+                let hp = xs[2] as i64 + pad_t + pad_b;
+                let wp = xs[3] as i64 + pad_l + pad_r;
+                let (sh, sw, dh, dw) = (strides[0], strides[1], dil[0], dil[1]);
+                let auto = conv.attr("auto_pad").map_or("NOTSET".to_string(), |a| {
+                    String::from_utf8_lossy(&a.s).into_owned()
+                });
+                let (cpt, cpl) = match auto.as_str() {
+                    "NOTSET" | "" => {
+                        let p = ints("pads", vec![0, 0, 0, 0]);
+                        (p[0], p[1])
+                    }
+                    "VALID" => (0, 0),
+                    "SAME_UPPER" | "SAME_LOWER" => {
+                        let total = |o: i64, s: i64, k: i64, d: i64, n: i64| {
+                            ((o - 1) * s + (k - 1) * d + 1 - n).max(0)
+                        };
+                        let th = total(ys[2] as i64, sh, kh as i64, dh, hp);
+                        let tw = total(ys[3] as i64, sw, kw as i64, dw, wp);
+                        if auto == "SAME_UPPER" {
+                            (th / 2, tw / 2)
+                        } else {
+                            (th - th / 2, tw - tw / 2)
+                        }
+                    }
+                    other => return Err(unsupported(i, s, format!("auto_pad {other}"))),
+                };
+                let cin = xs[1];
+                if cin_g * groups != cin || cout % groups != 0 || ys[1] != cout {
+                    return Err(unsupported(
+                        i,
+                        s,
+                        format!("weights {:?} for input {xs:?}, group {groups}", wt.shape),
+                    ));
+                }
+                // weights → [oc block][ic][ky][kx][CONV_OCB]
+                let ocb = cout.div_ceil(CONV_OCB);
+                let taps = cin_g * kh * kw;
+                let mut w = vec![0.0f32; ocb * taps * CONV_OCB];
+                for oc in 0..cout {
+                    for t in 0..taps {
+                        w[((oc / CONV_OCB) * taps + t) * CONV_OCB + oc % CONV_OCB] =
+                            wt.data[oc * taps + t];
+                    }
+                }
+                let w_addr = st.floats(&w);
+                let b_addr = match conv.input.get(2).filter(|s| !s.is_empty()) {
+                    Some(n) => st.floats(
+                        &const_floats(l, n)
+                            .ok_or_else(|| unsupported(i, s, "computed bias"))?
+                            .data,
+                    ),
+                    None => 0,
+                };
+                let act = match act_node {
+                    Some(n) if n.op_type == "Clip" => {
+                        let (lo, hi) = clip_bounds(l, n)
+                            .ok_or_else(|| unsupported(i, s, "computed Clip bounds"))?;
+                        Activation::Clip(lo, hi)
+                    }
+                    other => activation(other)?,
+                };
+                let (act, act_a, act_b) = act_code(act);
+                // tensor cores when the input is fp16 and there is one group (K is padded to
+                // 16 channels: a 3-channel 7x7 stem wastes 5/16 of the math and still wins)
+                let mma = storage.tensor_cores && x.half && groups == 1;
+                let cin_pad = cin.div_ceil(16) * 16;
+                let n_tiles = cout.div_ceil(8);
+                let wh = if mma {
+                    let npad = n_tiles * 8;
+                    let mut h = vec![0u16; kh * kw * npad * cin_pad];
+                    for oc in 0..cout {
+                        for ic in 0..cin {
+                            for t in 0..kh * kw {
+                                h[(t * npad + oc) * cin_pad + ic] =
+                                    f32_to_f16_bits(wt.data[(oc * cin + ic) * kh * kw + t]);
+                            }
+                        }
+                    }
+                    st.put(bytemuck::cast_slice(&h))
+                } else {
+                    0
+                };
+                let p = NnConv {
+                    x: x.addr,
+                    y: y.addr,
+                    w: w_addr,
+                    b: b_addr,
+                    wh,
+                    cin_pad: cin_pad as i32,
+                    n_tiles: n_tiles as i32,
+                    cin: cin as i32,
+                    h: xs[2] as i32,
+                    w_in: xs[3] as i32,
+                    cout: cout as i32,
+                    oh: ys[2] as i32,
+                    ow: ys[3] as i32,
+                    kh: kh as i32,
+                    kw: kw as i32,
+                    sh: sh as i32,
+                    sw: sw as i32,
+                    dh: dh as i32,
+                    dw: dw as i32,
+                    groups: groups as i32,
+                    pad_t: pad_t as i32,
+                    pad_l: pad_l as i32,
+                    hp: hp as i32,
+                    wp: wp as i32,
+                    conv_pt: cpt as i32,
+                    conv_pl: cpl as i32,
+                    pad_mode: mode,
+                    pad_value: value,
+                    act,
+                    act_a,
+                    act_b,
+                };
+                if mma {
+                    let m = (ys[2] * ys[3]) as u32;
+                    let grid = (
+                        m.div_ceil(16 * MMA_WARPS),
+                        (n_tiles as u32).div_ceil(MMA_NT),
+                        1,
+                    );
+                    blocks.push((
+                        Kernel::ConvMma(y.half),
+                        bytemuck::bytes_of(&p).to_vec(),
+                        grid,
+                        (32 * MMA_WARPS, 1, 1),
+                        i,
+                    ));
+                } else {
+                    let grid = (
+                        (ys[3] as u32).div_ceil(CONV_BLOCK.0),
+                        (ys[2] as u32).div_ceil(CONV_BLOCK.1),
+                        ocb as u32,
+                    );
+                    blocks.push((
+                        Kernel::Conv(x.half, y.half),
+                        bytemuck::bytes_of(&p).to_vec(),
+                        grid,
+                        (CONV_BLOCK.0, CONV_BLOCK.1, 1),
+                        i,
+                    ));
+                }
+            }
+            StageKind::Normalize => {
+                let stx = s.stats.as_ref().expect("normalize stage has statistics");
+                let x = place(&places, &mut st, &stx.input)?;
+                let xs = &l.shapes[&stx.input];
+                if xs.len() < 3 || xs[0] != 1 {
+                    return Err(unsupported(i, s, format!("statistics of shape {xs:?}")));
+                }
+                let c = xs[1];
+                let hw: usize = xs[2..].iter().product();
+                let (mean, var, sm, sv, sp) = stats_of[&i];
+                let p = NnMoments {
+                    x: x.addr,
+                    mean,
+                    var,
+                    partial,
+                    counter,
+                    state_mean: sm,
+                    state_var: sv,
+                    state_primed: sp,
+                    control,
+                    hw: hw as i32,
+                    x_half: x.half as i32,
+                };
+                blocks.push((
+                    Kernel::Moments,
+                    bytemuck::bytes_of(&p).to_vec(),
+                    (blocks_for(hw as u64) as u32, c as u32, 1),
+                    (MOMENTS_THREADS, 1, 1),
+                    i,
+                ));
+                if let Some((inst, act_node)) = &stx.instance {
+                    let out = s
+                        .outputs
+                        .first()
+                        .ok_or_else(|| unsupported(i, s, "no output"))?;
+                    let y = places[out];
+                    let mut get = |k: usize| -> Result<u64, NeuralError> {
+                        Ok(match inst.input.get(k).filter(|s| !s.is_empty()) {
+                            Some(n) => {
+                                let t = const_floats(l, n).ok_or_else(|| {
+                                    unsupported(
+                                        i,
+                                        s,
+                                        "computed InstanceNormalization scale or bias",
+                                    )
+                                })?;
+                                st.floats(&t.data)
+                            }
+                            None => 0,
+                        })
+                    };
+                    let (scale, bias) = (get(1)?, get(2)?);
+                    let (act, act_a, act_b) = act_code(activation(act_node.as_ref())?);
+                    let p = NnNormApply {
+                        x: x.addr,
+                        y: y.addr,
+                        mean,
+                        var,
+                        scale,
+                        bias,
+                        c: c as i32,
+                        hw: hw as i32,
+                        x_half: x.half as i32,
+                        y_half: y.half as i32,
+                        eps: inst.attr("epsilon").map_or(1e-5, |a| a.f),
+                        act,
+                        act_a,
+                        act_b,
+                    };
+                    blocks.push((
+                        Kernel::NormApply,
+                        bytemuck::bytes_of(&p).to_vec(),
+                        grid_1d((c * hw) as u64, ELEMENTWISE_THREADS),
+                        (ELEMENTWISE_THREADS, 1, 1),
+                        i,
+                    ));
+                }
+            }
+            StageKind::Elementwise => {
+                let out = s
+                    .outputs
+                    .first()
+                    .ok_or_else(|| unsupported(i, s, "no output"))?;
+                if s.outputs.len() != 1 {
+                    return Err(unsupported(
+                        i,
+                        s,
+                        "an elementwise chain with several outputs",
+                    ));
+                }
+                let y = *places
+                    .get(out)
+                    .ok_or_else(|| unsupported(i, s, "output not planned"))?;
+                let od = dims4(&l.shapes[out]).ok_or_else(|| unsupported(i, s, "rank above 4"))?;
+                let mut p: NnEltwise = bytemuck::Zeroable::zeroed();
+                p.y = y.addr;
+                p.y_half = y.half as i32;
+                p.dims = od.map(|d| d as i32);
+                let mut operands: Vec<String> = Vec::new();
+                let mut prev: Option<&str> = None;
+                if s.nodes.len() > EW_MAX_OPS {
+                    return Err(unsupported(
+                        i,
+                        s,
+                        format!("{} fused operators (at most {EW_MAX_OPS})", s.nodes.len()),
+                    ));
+                }
+                for (k, n) in s.nodes.iter().enumerate() {
+                    let (code, binary) = match n.op_type.as_str() {
+                        "Add" => (EW_ADD, true),
+                        "Sub" => (EW_SUB, true),
+                        "Mul" => (EW_MUL, true),
+                        "Div" => (EW_DIV, true),
+                        "Pow" => (EW_POW, true),
+                        "Min" => (EW_MIN, true),
+                        "Max" => (EW_MAX, true),
+                        "PRelu" => (EW_PRELU, true),
+                        "Relu" => (EW_RELU, false),
+                        "LeakyRelu" => (EW_LEAKY, false),
+                        "Sigmoid" => (EW_SIGMOID, false),
+                        "Tanh" => (EW_TANH, false),
+                        "Sqrt" => (EW_SQRT, false),
+                        "Reciprocal" => (EW_RECIP, false),
+                        "Neg" => (EW_NEG, false),
+                        "Abs" => (EW_ABS, false),
+                        "Exp" => (EW_EXP, false),
+                        "Log" => (EW_LOG, false),
+                        "Floor" => (EW_FLOOR, false),
+                        "Ceil" => (EW_CEIL, false),
+                        "Clip" => (EW_CLIP, false),
+                        "Identity" => (EW_IDENTITY, false),
+                        other => return Err(unsupported(i, s, format!("elementwise {other}"))),
+                    };
+                    if binary && n.input.len() != 2 {
+                        return Err(unsupported(
+                            i,
+                            s,
+                            format!("{} with {} inputs", n.op_type, n.input.len()),
+                        ));
+                    }
+                    let mut refs = [-1i32; 2];
+                    let count = if binary { 2 } else { 1 };
+                    for (r, name) in n.input.iter().take(count).enumerate() {
+                        if Some(name.as_str()) == prev {
+                            refs[r] = -1;
+                            continue;
+                        }
+                        let idx = match operands.iter().position(|o| o == name) {
+                            Some(x) => x,
+                            None => {
+                                if operands.len() == EW_MAX_OPERANDS {
+                                    return Err(unsupported(
+                                        i,
+                                        s,
+                                        format!("more than {EW_MAX_OPERANDS} operands"),
+                                    ));
+                                }
+                                let pl = place(&places, &mut st, name)?;
+                                let shape = match l.shapes.get(name) {
+                                    Some(sh) => sh.clone(),
+                                    None => const_floats(l, name)
+                                        .map(|t| t.shape.clone())
+                                        .unwrap_or_default(),
+                                };
+                                if shape.len() > 4 || shape.len() > l.shapes[out].len() {
+                                    return Err(unsupported(
+                                        i,
+                                        s,
+                                        format!("operand '{name}' of shape {shape:?}"),
+                                    ));
+                                }
+                                let sd = dims4(&shape).expect("rank checked");
+                                let cs = contiguous_strides(&sd);
+                                let o = operands.len();
+                                for a in 0..4 {
+                                    if sd[a] != od[a] && sd[a] != 1 {
+                                        return Err(unsupported(
+                                            i,
+                                            s,
+                                            format!(
+                                                "operand '{name}' {shape:?} does not broadcast to {od:?}"
+                                            ),
+                                        ));
+                                    }
+                                    p.strides[4 * o + a] = if sd[a] == 1 && od[a] != 1 {
+                                        0
+                                    } else {
+                                        cs[a] as i32
+                                    };
+                                }
+                                p.operand[o] = pl.addr;
+                                p.operand_half[o] = pl.half as i32;
+                                operands.push(name.clone());
+                                o
+                            }
+                        };
+                        refs[r] = idx as i32;
+                    }
+                    let (p0, p1) = match code {
+                        EW_LEAKY => (n.attr("alpha").map_or(0.01, |a| a.f), 0.0),
+                        EW_CLIP => clip_bounds(l, n)
+                            .ok_or_else(|| unsupported(i, s, "computed Clip bounds"))?,
+                        _ => (0.0, 0.0),
+                    };
+                    p.op_code[k] = code;
+                    p.op_a[k] = refs[0];
+                    p.op_b[k] = refs[1];
+                    p.op_p0[k] = p0;
+                    p.op_p1[k] = p1;
+                    prev = Some(n.output[0].as_str());
+                }
+                p.n_ops = s.nodes.len() as i32;
+                let total = od.iter().product::<usize>() as u64;
+                blocks.push((
+                    Kernel::Eltwise,
+                    bytemuck::bytes_of(&p).to_vec(),
+                    grid_1d(total, ELEMENTWISE_THREADS),
+                    (ELEMENTWISE_THREADS, 1, 1),
+                    i,
+                ));
+            }
+            StageKind::Op => {
+                let n = &s.nodes[0];
+                let out = n.output[0].clone();
+                let y = *places.get(&out).ok_or_else(|| {
+                    unsupported(i, s, format!("{} output not planned", n.op_type))
+                })?;
+                let ys = l.shapes[&out].clone();
+                let copy = |src: Place,
+                            dst: Place,
+                            dims: [usize; 4],
+                            ss: [i64; 4],
+                            ds: [i64; 4],
+                            doff: i64| {
+                    let total = dims.iter().product::<usize>() as u64;
+                    let p = NnCopy {
+                        src: src.addr,
+                        dst: dst.addr,
+                        dims: dims.map(|d| d as i32),
+                        src_strides: ss.map(|d| d as i32),
+                        dst_strides: ds.map(|d| d as i32),
+                        src_offset: 0,
+                        dst_offset: doff as i32,
+                        src_half: src.half as i32,
+                        dst_half: dst.half as i32,
+                    };
+                    (
+                        Kernel::Copy,
+                        bytemuck::bytes_of(&p).to_vec(),
+                        grid_1d(total, ELEMENTWISE_THREADS),
+                        (ELEMENTWISE_THREADS, 1, 1),
+                        i,
+                    )
+                };
+                match n.op_type.as_str() {
+                    "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" => {
+                        let x = place(&places, &mut st, &n.input[0])?;
+                        let total = ys.iter().product::<usize>();
+                        let d = [1, 1, 1, total];
+                        blocks.push(copy(x, y, d, [0, 0, 0, 1], [0, 0, 0, 1], 0));
+                    }
+                    "Transpose" => {
+                        let x = place(&places, &mut st, &n.input[0])?;
+                        let xs = l.shapes.get(&n.input[0]).cloned().unwrap_or_default();
+                        let rank = xs.len();
+                        if rank > 4 {
+                            return Err(unsupported(i, s, "Transpose of rank above 4"));
+                        }
+                        let perm: Vec<usize> = n.attr("perm").map_or_else(
+                            || (0..rank).rev().collect(),
+                            |a| a.ints.iter().map(|&v| v as usize).collect(),
+                        );
+                        // input strides (rank-sized), then the output's index space
+                        let mut in_strides = vec![1i64; rank];
+                        for a in (0..rank.saturating_sub(1)).rev() {
+                            in_strides[a] = in_strides[a + 1] * xs[a + 1] as i64;
+                        }
+                        let off = 4 - rank;
+                        let mut ss = [0i64; 4];
+                        for k in 0..rank {
+                            ss[off + k] = in_strides[perm[k]];
+                        }
+                        let od = dims4(&ys).expect("rank checked");
+                        blocks.push(copy(x, y, od, ss, contiguous_strides(&od), 0));
+                    }
+                    "Concat" => {
+                        let rank = ys.len();
+                        if rank > 4 {
+                            return Err(unsupported(i, s, "Concat of rank above 4"));
+                        }
+                        let axis = n.attr("axis").map_or(0, |a| a.i);
+                        let axis = if axis < 0 { axis + rank as i64 } else { axis } as usize;
+                        let od = dims4(&ys).expect("rank checked");
+                        let ds = contiguous_strides(&od);
+                        let a4 = axis + 4 - rank;
+                        let mut at = 0i64;
+                        for name in &n.input {
+                            let x = place(&places, &mut st, name)?;
+                            let xs = l
+                                .shapes
+                                .get(name)
+                                .cloned()
+                                .or_else(|| const_floats(l, name).map(|t| t.shape.clone()))
+                                .unwrap_or_default();
+                            let xd = dims4(&xs)
+                                .ok_or_else(|| unsupported(i, s, "Concat input of rank above 4"))?;
+                            blocks.push(copy(x, y, xd, contiguous_strides(&xd), ds, at * ds[a4]));
+                            at += xd[a4] as i64;
+                        }
+                    }
+                    "Softmax" => {
+                        let x = place(&places, &mut st, &n.input[0])?;
+                        let rank = ys.len().max(1);
+                        let legacy = l.opset < 13;
+                        let axis = n.attr("axis").map_or(if legacy { 1 } else { -1 }, |a| a.i);
+                        let axis = if axis < 0 { axis + rank as i64 } else { axis } as usize;
+                        let len: usize = ys[axis..].iter().product();
+                        if !legacy
+                            && axis + 1 != ys.len()
+                            && ys[axis + 1..].iter().product::<usize>() != 1
+                        {
+                            return Err(unsupported(i, s, "Softmax over an inner axis"));
+                        }
+                        let rows = ys.iter().product::<usize>() / len.max(1);
+                        let p = NnSoftmax {
+                            x: x.addr,
+                            y: y.addr,
+                            len: len as i32,
+                            x_half: x.half as i32,
+                            y_half: y.half as i32,
+                            pad: 0,
+                        };
+                        blocks.push((
+                            Kernel::Softmax,
+                            bytemuck::bytes_of(&p).to_vec(),
+                            (rows.max(1) as u32, 1, 1),
+                            (256, 1, 1),
+                            i,
+                        ));
+                    }
+                    "Resize" | "Upsample" => {
+                        let x = place(&places, &mut st, &n.input[0])?;
+                        let xs = l.shapes[&n.input[0]].clone();
+                        if xs.len() != 4 || xs[0] != ys[0] || xs[1] != ys[1] {
+                            return Err(unsupported(
+                                i,
+                                s,
+                                format!("Resize {xs:?} → {ys:?} (only the last two axes)"),
+                            ));
+                        }
+                        let taps = resize_taps(l, n, &xs, &ys).map_err(|m| unsupported(i, s, m))?;
+                        let taps_addr = st.put(bytemuck::cast_slice(&taps));
+                        let p = NnResize {
+                            x: x.addr,
+                            y: y.addr,
+                            taps: taps_addr,
+                            planes: (xs[0] * xs[1]) as i32,
+                            in_h: xs[2] as i32,
+                            in_w: xs[3] as i32,
+                            out_h: ys[2] as i32,
+                            out_w: ys[3] as i32,
+                            x_half: x.half as i32,
+                            y_half: y.half as i32,
+                            pad: 0,
+                        };
+                        blocks.push((
+                            Kernel::Resize,
+                            bytemuck::bytes_of(&p).to_vec(),
+                            grid_1d(ys.iter().product::<usize>() as u64, ELEMENTWISE_THREADS),
+                            (ELEMENTWISE_THREADS, 1, 1),
+                            i,
+                        ));
+                    }
+                    other => {
+                        return Err(unsupported(
+                            i,
+                            s,
+                            format!("operator {other} has no GPU kernel"),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let weight_bytes = st.bytes.len() as u64 - weights_start;
+    let mut launches = Vec::with_capacity(blocks.len());
+    for (kernel, bytes, grid, block, stage) in blocks {
+        let params = st.put(&bytes);
+        launches.push(Launch {
+            kernel,
+            params,
+            grid,
+            block,
+            stage,
+        });
+    }
+    let static_bytes = aligned(st.bytes.len() as u64).max(ALIGN);
+    st.bytes.resize(static_bytes as usize, 0);
+    let input = *places
+        .get(&l.input)
+        .ok_or_else(|| NeuralError::Graph("the input is not planned".into()))?;
+    let output = *places
+        .get(&l.output)
+        .ok_or_else(|| NeuralError::Unsupported("the output is a constant (on the GPU)".into()))?;
+    let stage_outputs = l
+        .stages
+        .iter()
+        .map(|s| {
+            s.outputs
+                .iter()
+                .filter_map(|o| places.get(o).copied())
+                .collect()
+        })
+        .collect();
+    Ok(Program {
+        stage_outputs,
+        arena,
+        static_bytes,
+        static_init: st.bytes,
+        launches,
+        input,
+        output,
+        control,
+        stats,
+        weight_bytes,
+    })
+}
+
+/// The taps of a Resize over the last two axes: (i0, i1, w0 bits, w1 bits) per output row, then
+/// per output column, as `ops::resize` computes them.
+fn resize_taps(l: &Lowered, n: &NodeProto, xs: &[usize], ys: &[usize]) -> Result<Vec<i32>, String> {
+    let upsample = n.op_type == "Upsample";
+    let legacy = upsample || l.opset < 11;
+    let sattr = |name: &str, d: &str| {
+        n.attr(name).map_or(d.to_string(), |a| {
+            String::from_utf8_lossy(&a.s).into_owned()
+        })
+    };
+    let mode = sattr("mode", "nearest");
+    let nearest = sattr("nearest_mode", "round_prefer_floor");
+    let coord = if legacy {
+        "asymmetric".to_string()
+    } else {
+        sattr("coordinate_transformation_mode", "half_pixel")
+    };
+    if n.attr("antialias").is_some_and(|a| a.i != 0) {
+        return Err("Resize antialias=1".into());
+    }
+    // scales as the CPU reference uses them: given scales, else out / in
+    let scales: Option<Vec<f32>> = if upsample && l.opset < 9 {
+        n.attr("scales").map(|a| a.floats.clone())
+    } else {
+        let k = if legacy { 1 } else { 2 };
+        n.input
+            .get(k)
+            .filter(|s| !s.is_empty())
+            .and_then(|s| const_floats(l, s))
+            .map(|t| t.data.clone())
+            .filter(|v| !v.is_empty())
+    };
+    if n.attr("axes").is_some() {
+        return Err("Resize with axes".into());
+    }
+    let scale = |a: usize| -> f32 {
+        match &scales {
+            Some(s) if s.len() == 4 => s[a],
+            _ => ys[a] as f32 / xs[a] as f32,
+        }
+    };
+    let mut out = Vec::new();
+    for a in [2usize, 3] {
+        let (in_len, out_len, sc) = (xs[a], ys[a], scale(a));
+        let last = in_len as i64 - 1;
+        for o in 0..out_len {
+            if in_len == out_len && sc == 1.0 {
+                out.extend_from_slice(&[o as i32, o as i32, 1.0f32.to_bits() as i32, 0]);
+                continue;
+            }
+            let x = o as f32;
+            let src = match coord.as_str() {
+                "half_pixel" => (x + 0.5) / sc - 0.5,
+                "pytorch_half_pixel" if out_len > 1 => (x + 0.5) / sc - 0.5,
+                "pytorch_half_pixel" => 0.0,
+                "align_corners" if out_len == 1 => 0.0,
+                "align_corners" => x * (in_len as f32 - 1.0) / (out_len as f32 - 1.0),
+                "asymmetric" => x / sc,
+                "tf_half_pixel_for_nn" => (x + 0.5) / sc,
+                other => return Err(format!("coordinate_transformation_mode '{other}'")),
+            };
+            let (i0, i1, w0, w1) = match mode.as_str() {
+                "nearest" => {
+                    let f = src.floor();
+                    let v = if legacy {
+                        if sc < 1.0 { src.ceil() } else { src.trunc() }
+                    } else {
+                        match nearest.as_str() {
+                            "round_prefer_floor" if src - f == 0.5 => f,
+                            "round_prefer_ceil" if src - f == 0.5 => f + 1.0,
+                            "round_prefer_floor" | "round_prefer_ceil" => src.round(),
+                            "floor" => f,
+                            "ceil" => src.ceil(),
+                            other => return Err(format!("nearest_mode '{other}'")),
+                        }
+                    };
+                    let i = (v as i64).clamp(0, last) as i32;
+                    (i, i, 1.0f32, 0.0f32)
+                }
+                "linear" | "bilinear" => {
+                    let s = src.clamp(0.0, last as f32);
+                    let i0 = (s as i64).min(last);
+                    let i1 = (i0 + 1).min(last);
+                    if i0 == i1 {
+                        (i0 as i32, i1 as i32, 1.0, 0.0)
+                    } else {
+                        let w1 = s - i0 as f32;
+                        (i0 as i32, i1 as i32, 1.0 - w1, w1)
+                    }
+                }
+                other => return Err(format!("Resize mode '{other}'")),
+            };
+            out.extend_from_slice(&[i0, i1, w0.to_bits() as i32, w1.to_bits() as i32]);
+        }
+    }
+    Ok(out)
+}
+
+/// IEEE half bits of `v`, rounded to nearest even (overflow to infinity).
+pub fn f32_to_f16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let mant = b & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if mant != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        // subnormal: shift the full mantissa (with its implicit 1) into place, round to even
+        let m = mant | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = 1u32 << (shift - 1);
+        let rest = m & ((1u32 << shift) - 1);
+        let mut h = m >> shift;
+        if rest > half || (rest == half && h & 1 == 1) {
+            h += 1;
+        }
+        return sign | h as u16;
+    }
+    let mut h = ((e as u32) << 10) | (mant >> 13);
+    let rest = mant & 0x1fff;
+    if rest > 0x1000 || (rest == 0x1000 && h & 1 == 1) {
+        h += 1; // may carry into the exponent, which is still correct (up to infinity)
+    }
+    sign | h as u16
+}
+
+/// Launches a frame of `program` takes.
+pub fn launches_per_frame(program: &Program) -> u32 {
+    program.launches.len() as u32
+}

@@ -1,0 +1,326 @@
+//! The neural processor on the GPU: the frame conversions and the temporal output filter of the
+//! CPU processor ([`super::neural_cpu`]), the network itself on the device
+//! ([`crate::cuda::neural::NeuralGpu`], one CUDA graph per shape, the statistics smoother on
+//! the device).
+//!
+//! `precision=fp32` stores every activation in fp32. `precision=fp16` is calibrated: the first
+//! frame runs in fp32, stage by stage, while [`Calibrator`] records every stage output's range
+//! and every normalization's statistics; then the network is rebuilt with fp16 storage wherever
+//! the calibration allows it (the decision per stage goes to the log).
+
+use std::sync::Arc;
+
+use crate::cuda::neural::program::Storage;
+use crate::cuda::neural::{NeuralGpu, NeuralGpuError, NeuralGpuEvent};
+use crate::cuda::{CudaError, GpuFrameStats};
+use crate::neural::engine::{NeuralModel, Specialised};
+use crate::neural::frame::{ConverterConfig, FrameConverter};
+use crate::neural::precision::{Calibrator, PrecisionPlan};
+use crate::neural::temporal::{NeuralTemporal, OutputFilter, SceneCutGate, StatSmoother};
+use crate::neural::{NeuralError, Tensor};
+use crate::pipeline::cpu::FrameReport;
+use crate::pipeline::{Nv12Frame, Nv12FrameMut, ToonParams};
+
+use super::lines::LineOverlay;
+use super::neural_cpu::{NeuralFrameStats, NeuralTemporalParams};
+
+/// One stream's neural state with the network on a CUDA device.
+pub struct NeuralCuda {
+    /// `None` only after a rebuild failed to allocate: frames are refused.
+    gpu: Option<NeuralGpu>,
+    model: Arc<NeuralModel>,
+    config: ConverterConfig,
+    converter: FrameConverter,
+    network: Specialised,
+    device_id: usize,
+    max_bytes: u64,
+    use_graph: bool,
+    /// `Some` until the first frame calibrated the fp16 storage.
+    calibrating: Option<Calibrator>,
+    precision: Option<PrecisionPlan>,
+    temporal: NeuralTemporal,
+    input: Tensor<f32>,
+    output: Tensor<f32>,
+    params: NeuralTemporalParams,
+    lines: Option<LineOverlay>,
+    log: Vec<String>,
+}
+
+impl std::fmt::Debug for NeuralCuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NeuralCuda")
+            .field("model", &self.model.name())
+            .field("config", &self.config)
+            .field("gpu", &self.gpu)
+            .finish()
+    }
+}
+
+impl NeuralCuda {
+    /// Specialises `model` for `config` and builds it on CUDA device `device_id`: fp32 storage
+    /// (also the calibration run of `fp16`). `max_bytes` (max-device-memory, 0 = no cap)
+    /// bounds activations, weights and state together.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        device_id: usize,
+        model: Arc<NeuralModel>,
+        config: ConverterConfig,
+        params: NeuralTemporalParams,
+        max_bytes: u64,
+        fp16: bool,
+        use_graph: bool,
+    ) -> Result<NeuralCuda, NeuralGpuError> {
+        let converter = FrameConverter::new(config)?;
+        let (h, w) = converter.network_size();
+        let network = model.specialise(h, w)?;
+        let expected = converter.tensor_shape();
+        if network.input_shape() != expected {
+            return Err(NeuralError::Model(format!(
+                "{}: specialised for input {:?}, the frame converter makes {:?}",
+                model.name(),
+                network.input_shape(),
+                expected
+            ))
+            .into());
+        }
+        let storage = Storage::uniform(network.stage_count(), false);
+        let mut gpu = NeuralGpu::new(device_id, &network, &storage, max_bytes, use_graph)?;
+        gpu.set_smoothing(params.stat_smoothing);
+        let (sh, sw) = converter.scaled_size();
+        let mut filter = OutputFilter::new(sw, sh, params.history, config.matrix, config.range);
+        filter.set_params(params.history, params.strength, params.motion_sigma);
+        let temporal = NeuralTemporal {
+            // the smoother runs on the device; this one only stands in for the shared type
+            smoother: StatSmoother::new(0, 0.0),
+            filter,
+            scene: SceneCutGate::new(config.width, config.height),
+        };
+        let input = converter.new_tensor();
+        let output = converter.new_tensor();
+        Ok(NeuralCuda {
+            calibrating: fp16.then(|| Calibrator::new(&network)),
+            precision: None,
+            gpu: Some(gpu),
+            model,
+            config,
+            converter,
+            network,
+            device_id,
+            max_bytes,
+            use_graph,
+            temporal,
+            input,
+            output,
+            params,
+            lines: None,
+            log: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &ConverterConfig {
+        &self.config
+    }
+
+    pub fn network_size(&self) -> (usize, usize) {
+        self.converter.network_size()
+    }
+
+    /// The device network (program, plan, launches); `None` after a failed rebuild.
+    pub fn gpu(&self) -> Option<&NeuralGpu> {
+        self.gpu.as_ref()
+    }
+
+    fn device(&mut self) -> Result<&mut NeuralGpu, NeuralGpuError> {
+        self.gpu.as_mut().ok_or_else(|| {
+            CudaError::Failed(
+                "the network has no device memory: its rebuild after calibration failed".into(),
+            )
+            .into()
+        })
+    }
+
+    /// Lines to log since the last call (kernels, graph captures, the calibration's decision).
+    pub fn take_log(&mut self) -> Vec<String> {
+        let events = self
+            .gpu
+            .as_mut()
+            .map(|g| g.take_events())
+            .unwrap_or_default();
+        for e in events {
+            self.log.push(match e {
+                NeuralGpuEvent::KernelsReady { arch, compile_ms } => {
+                    format!("neural kernels for {arch} ready (NVRTC {compile_ms:.1} ms)")
+                }
+                NeuralGpuEvent::GraphCaptured {
+                    launches,
+                    capture_us,
+                } => format!(
+                    "captured the network as a CUDA graph: {launches} launches, {capture_us:.0} µs"
+                ),
+                NeuralGpuEvent::GraphCaptureFailed { reason } => {
+                    format!("graph capture of the network failed, running eagerly: {reason}")
+                }
+            });
+        }
+        std::mem::take(&mut self.log)
+    }
+
+    pub fn frame_stats(&self) -> NeuralFrameStats {
+        let (h, w) = self.network_size();
+        NeuralFrameStats {
+            arena_bytes: self.gpu.as_ref().map_or(0, |g| g.device_bytes()),
+            peak_live_bytes: self
+                .gpu
+                .as_ref()
+                .map_or(0, |g| g.program().arena.peak_live_bytes),
+            stages: self.network.stage_count() as u32,
+            network_width: w as u32,
+            network_height: h as u32,
+        }
+    }
+
+    pub fn gpu_stats(&self) -> GpuFrameStats {
+        self.gpu
+            .as_ref()
+            .map(|g| g.last_frame_stats())
+            .unwrap_or_default()
+    }
+
+    pub fn set_use_graph(&mut self, on: bool) {
+        self.use_graph = on;
+        if let Some(g) = &mut self.gpu {
+            g.set_use_graph(on);
+        }
+    }
+
+    /// Follows the temporal properties (as the CPU processor does).
+    pub fn set_params(&mut self, params: NeuralTemporalParams) {
+        if params == self.params {
+            return;
+        }
+        if params.history > self.temporal.filter.capacity() {
+            let (sh, sw) = self.converter.scaled_size();
+            self.temporal.filter =
+                OutputFilter::new(0, 0, 0, self.config.matrix, self.config.range);
+            let mut f = OutputFilter::new(
+                sw,
+                sh,
+                params.history,
+                self.config.matrix,
+                self.config.range,
+            );
+            f.set_params(params.history, params.strength, params.motion_sigma);
+            self.temporal.filter = f;
+        } else {
+            self.temporal
+                .filter
+                .set_params(params.history, params.strength, params.motion_sigma);
+        }
+        if let Some(g) = &mut self.gpu {
+            g.set_smoothing(params.stat_smoothing);
+        }
+        self.params = params;
+    }
+
+    /// Forgets statistics, outputs and the scene reference (FLUSH, DISCONT, caps).
+    pub fn reset(&mut self) {
+        self.temporal.reset();
+        if let Some(g) = &mut self.gpu {
+            g.reset();
+        }
+    }
+
+    /// Stylizes one frame; on the first frame of an fp16 stream, calibrates first.
+    pub fn process(
+        &mut self,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+        lines: Option<&ToonParams>,
+    ) -> Result<FrameReport, NeuralGpuError> {
+        let cut =
+            self.temporal
+                .begin_frame(input.y, input.y_stride, self.params.scene_cut_threshold);
+        if cut.cut {
+            self.device()?.reset();
+        }
+        self.converter
+            .to_tensor(
+                input.y,
+                input.y_stride,
+                input.uv,
+                input.uv_stride,
+                &mut self.input,
+            )
+            .map_err(NeuralError::Model)?;
+        if let Some(mut calibrator) = self.calibrating.take() {
+            let mut stats: Vec<(usize, Vec<f32>, Vec<f32>)> = Vec::new();
+            let gpu = self
+                .gpu
+                .as_mut()
+                .ok_or(CudaError::Failed("no device network".into()))?;
+            gpu.run_observed(
+                &self.input,
+                &mut self.output,
+                &mut |stage, values| calibrator.record_output_data(stage, values),
+                &mut |index, mean, var| stats.push((index, mean.to_vec(), var.to_vec())),
+            )?;
+            for (index, mean, var) in &stats {
+                calibrator.record_stats(*index, mean, var);
+            }
+            calibrator.frame_done();
+            let plan = calibrator.finish();
+            self.log.push(format!(
+                "calibrated storage of {} ({} of {} stages fp16):\n{}",
+                self.model.name(),
+                plan.count(crate::neural::precision::StoragePrecision::Fp16),
+                plan.len(),
+                plan.ledger()
+            ));
+            self.rebuild(&Storage::from_plan(&plan))?;
+            self.precision = Some(plan);
+        } else {
+            let gpu = self
+                .gpu
+                .as_mut()
+                .ok_or(CudaError::Failed("no device network".into()))?;
+            gpu.run(&self.input, &mut self.output)?;
+        }
+        self.converter
+            .read_output(&self.output)
+            .map_err(NeuralError::Model)?;
+        let history_used = self
+            .temporal
+            .filter
+            .apply(self.converter.network_rgb_mut())
+            .map_err(NeuralError::Model)?;
+        self.converter
+            .write_nv12(output.y, output.y_stride, output.uv, output.uv_stride)
+            .map_err(NeuralError::Model)?;
+        if let Some(p) = lines {
+            self.lines
+                .get_or_insert_with(|| LineOverlay::new(output.geometry))
+                .apply(p, output);
+        }
+        Ok(FrameReport {
+            scene_cut: cut.cut,
+            scene_score: cut.score,
+            history_used,
+        })
+    }
+
+    /// The network again with `storage` (the old device memory goes first, then the new is
+    /// allocated; the smoother starts over).
+    fn rebuild(&mut self, storage: &Storage) -> Result<(), NeuralGpuError> {
+        self.gpu = None;
+        let mut gpu = NeuralGpu::new(
+            self.device_id,
+            &self.network,
+            storage,
+            self.max_bytes,
+            self.use_graph,
+        )?;
+        gpu.set_smoothing(self.params.stat_smoothing);
+        self.gpu = Some(gpu);
+        Ok(())
+    }
+}

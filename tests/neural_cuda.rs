@@ -1,0 +1,538 @@
+//! The style network on the GPU (src/cuda/neural) against the CPU reference (src/neural):
+//! fp32 storage within 1e-3 (max abs, on the [-1, 1] output) on the project's generated
+//! models, fp16 storage at 40 dB PSNR or better on real photos, graph replay equal to eager
+//! launches, the stats hook and the device's statistics smoother as the CPU engine applies them.
+//! The real AnimeGANv3 tiny fixture is checked when present (TOONFLOW_ANIMEGAN_DIR, or
+//! /work/fixtures). `TOONFLOW_NEURAL_BENCH=1` prints per-frame times at 720p, 1080p and 4K.
+//! Without a GPU every test prints that it skipped, and why.
+
+mod common;
+#[path = "common/onnx_models.rs"]
+mod onnx_models;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use gst::prelude::*;
+use gsttoonflow::cuda;
+use gsttoonflow::cuda::neural::NeuralGpu;
+use gsttoonflow::cuda::neural::program::Storage;
+use gsttoonflow::neural::Tensor;
+use gsttoonflow::neural::engine::{NeuralModel, Specialised};
+use gsttoonflow::neural::frame::{
+    ColorMatrix, ColorRange, ConverterConfig, FrameConverter, TensorLayout, ValueRange,
+};
+use gsttoonflow::neural::onnx::encode_model;
+use gsttoonflow::neural::temporal::StatSmoother;
+use onnx_models::{Rng, hayao_like, tiny_like};
+
+/// Why the GPU tests cannot run here, or None.
+fn gpu_missing() -> Option<String> {
+    match cuda::probe(0) {
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+macro_rules! need_gpu {
+    () => {
+        if let Some(why) = gpu_missing() {
+            println!("skipped: no usable CUDA device ({why})");
+            return;
+        }
+    };
+}
+
+fn generated() -> Vec<(NeuralModel, usize, usize)> {
+    vec![
+        (
+            NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like").unwrap(),
+            96,
+            80,
+        ),
+        (
+            NeuralModel::from_bytes(&encode_model(&hayao_like()), "hayao_like").unwrap(),
+            96,
+            72,
+        ),
+    ]
+}
+
+/// The real tiny fixture, when there is one on this machine (never committed).
+fn real_tiny() -> Option<NeuralModel> {
+    let dirs: Vec<PathBuf> = std::env::var_os("TOONFLOW_ANIMEGAN_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([
+            PathBuf::from("/work/fixtures"),
+            common::repo_root().join("shared"),
+        ])
+        .collect();
+    dirs.iter()
+        .map(|d| d.join("AnimeGANv3_tiny_Cute.onnx"))
+        .find(|p| p.exists())
+        .map(|p| NeuralModel::load(&p).unwrap())
+}
+
+fn random_input(spec: &Specialised, seed: u64) -> Tensor<f32> {
+    let shape = spec.input_shape();
+    let mut rng = Rng::new(seed);
+    let n = shape.iter().product();
+    Tensor::new(shape.to_vec(), (0..n).map(|_| rng.uniform()).collect())
+}
+
+fn gpu(spec: &Specialised, half: bool, graph: bool) -> NeuralGpu {
+    gpu_with(spec, half, graph, true)
+}
+
+/// With `tensor_cores` false the fp16 convolutions run on CUDA cores too.
+fn gpu_with(spec: &Specialised, half: bool, graph: bool, tensor_cores: bool) -> NeuralGpu {
+    let storage = Storage {
+        half: vec![half; spec.stage_count()],
+        tensor_cores,
+    };
+    NeuralGpu::new(0, spec, &storage, 0, graph)
+        .unwrap_or_else(|e| panic!("building the GPU network: {e}"))
+}
+
+fn mma_launches(g: &NeuralGpu) -> usize {
+    g.program()
+        .launches
+        .iter()
+        .filter(|l| {
+            matches!(
+                l.kernel,
+                gsttoonflow::cuda::neural::program::Kernel::ConvMma(_)
+            )
+        })
+        .count()
+}
+
+fn run_gpu(g: &mut NeuralGpu, input: &Tensor<f32>) -> Tensor<f32> {
+    let mut out = Tensor::zeros(&input.shape);
+    g.run(input, &mut out).unwrap();
+    out
+}
+
+fn max_abs(a: &Tensor<f32>, b: &Tensor<f32>) -> f32 {
+    assert_eq!(a.shape, b.shape);
+    a.data
+        .iter()
+        .zip(&b.data)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// PSNR of two [-1, 1] pictures on the [0, 1] scale.
+fn psnr(a: &Tensor<f32>, b: &Tensor<f32>) -> f64 {
+    let mse = a
+        .data
+        .iter()
+        .zip(&b.data)
+        .map(|(x, y)| {
+            let d = (*x as f64 - *y as f64) / 2.0;
+            d * d
+        })
+        .sum::<f64>()
+        / a.data.len() as f64;
+    10.0 * (1.0 / mse.max(1e-20)).log10()
+}
+
+/// A photo of tests/data as the network's input tensor (NHWC, [-1, 1]).
+fn photo_tensor(model: &NeuralModel, name: &str, width: usize, height: usize) -> Tensor<f32> {
+    let frame = common::photo(name, width, height);
+    let mut conv = FrameConverter::new(ConverterConfig {
+        width,
+        height,
+        matrix: ColorMatrix::Bt601,
+        range: ColorRange::Limited,
+        layout: TensorLayout::Nhwc,
+        value_range: ValueRange::MinusOneToOne,
+        multiple: model.size_multiple(),
+        scale: 1.0,
+    })
+    .unwrap();
+    let mut t = conv.new_tensor();
+    conv.to_tensor(frame.y(), width, frame.uv(), width, &mut t)
+        .unwrap();
+    t
+}
+
+#[test]
+fn fp32_matches_the_cpu_reference_on_the_generated_models() {
+    need_gpu!();
+    for (model, w, h) in generated() {
+        let spec = model.specialise(h, w).unwrap();
+        let mut g = gpu(&spec, false, false);
+        for seed in [1, 2] {
+            let input = random_input(&spec, seed);
+            let cpu = spec.run(&input, None).unwrap();
+            let out = run_gpu(&mut g, &input);
+            let d = max_abs(&cpu, &out);
+            println!(
+                "{} {w}x{h} fp32: max abs difference {d:.2e} ({} launches, arena {} B, static {} B)",
+                model.name(),
+                g.launches_per_frame(),
+                g.program().arena.arena_bytes,
+                g.program().static_bytes
+            );
+            assert!(d <= 1e-3, "{}: max abs difference {d}", model.name());
+        }
+    }
+}
+
+#[test]
+fn graph_replay_equals_eager_launches() {
+    need_gpu!();
+    for (model, w, h) in generated() {
+        let spec = model.specialise(h, w).unwrap();
+        let input = random_input(&spec, 7);
+        let eager = run_gpu(&mut gpu(&spec, true, false), &input);
+        let mut g = gpu(&spec, true, true);
+        let mut replayed = false;
+        for _ in 0..5 {
+            let out = run_gpu(&mut g, &input);
+            assert_eq!(out.data, eager.data, "{}: graph vs eager", model.name());
+            replayed |= g.last_frame_stats().graph_replayed;
+        }
+        assert!(
+            replayed,
+            "{}: no frame was replayed from a graph",
+            model.name()
+        );
+    }
+}
+
+/// What the hook tests do to the statistics: variances x1.5, means +0.01.
+fn change_stats(calls: &mut Vec<usize>, mean: &mut [f32], var: &mut [f32]) {
+    calls.push(mean.len());
+    for v in var.iter_mut() {
+        *v *= 1.5;
+    }
+    for m in mean.iter_mut() {
+        *m += 0.01;
+    }
+}
+
+#[test]
+fn the_stats_hook_sees_and_changes_the_statistics_as_on_the_cpu() {
+    need_gpu!();
+    for (model, w, h) in generated() {
+        let spec = model.specialise(h, w).unwrap();
+        let input = random_input(&spec, 3);
+        let channels = spec.normalize_channels();
+        let mut cpu_calls = Vec::new();
+        let mut hook =
+            |_: usize, mean: &mut [f32], var: &mut [f32]| change_stats(&mut cpu_calls, mean, var);
+        let cpu = spec.run(&input, Some(&mut hook)).unwrap();
+        let mut gpu_calls = Vec::new();
+        let mut hook =
+            |_: usize, mean: &mut [f32], var: &mut [f32]| change_stats(&mut gpu_calls, mean, var);
+        let mut g = gpu(&spec, false, false);
+        let mut out = Tensor::zeros(&input.shape);
+        g.run_with_hook(&input, &mut out, &mut hook).unwrap();
+        assert_eq!(gpu_calls, channels, "{}: hook calls", model.name());
+        assert_eq!(cpu_calls, channels);
+        let d = max_abs(&cpu, &out);
+        println!(
+            "{} with the stats hook: max abs difference {d:.2e}",
+            model.name()
+        );
+        assert!(d <= 1e-3, "{}: {d}", model.name());
+        let plain = spec.run(&input, None).unwrap();
+        assert!(max_abs(&plain, &out) > 1e-3, "the hook changed nothing");
+    }
+}
+
+#[test]
+fn the_device_smoother_follows_the_cpu_stat_smoother() {
+    need_gpu!();
+    for (model, w, h) in generated() {
+        let spec = model.specialise(h, w).unwrap();
+        let frames = [
+            random_input(&spec, 11),
+            random_input(&spec, 12),
+            random_input(&spec, 13),
+        ];
+        let mut smoother = StatSmoother::with_channels(&spec.normalize_channels(), 0.6);
+        let mut g = gpu(&spec, false, true);
+        g.set_smoothing(0.6);
+        for (k, f) in frames.iter().enumerate() {
+            if k == 2 {
+                smoother.reset();
+                g.reset();
+            }
+            let mut hook = smoother.hook();
+            let cpu = spec.run(f, Some(&mut hook)).unwrap();
+            let out = run_gpu(&mut g, f);
+            let d = max_abs(&cpu, &out);
+            println!(
+                "{} smoothed frame {k}: max abs difference {d:.2e}",
+                model.name()
+            );
+            assert!(d <= 1e-3, "{} frame {k}: {d}", model.name());
+        }
+    }
+}
+
+#[test]
+fn fp16_storage_keeps_40_db_on_photos() {
+    need_gpu!();
+    let mut models = generated();
+    if let Some(m) = real_tiny() {
+        models.push((m, 256, 256));
+    } else {
+        println!("the real AnimeGANv3 tiny fixture is not here: generated models only");
+    }
+    for (model, _, _) in &models {
+        for (photo, w, h) in [("chelsea.png", 256, 160), ("coffee.png", 192, 128)] {
+            let input = photo_tensor(model, photo, w, h);
+            let (th, tw) = (input.shape[1], input.shape[2]);
+            let spec = model.specialise(th, tw).unwrap();
+            let cpu = spec.run(&input, None).unwrap();
+            let out32 = run_gpu(&mut gpu(&spec, false, false), &input);
+            let d32 = max_abs(&cpu, &out32);
+            assert!(d32 <= 1e-3, "{} fp32 on {photo}: {d32}", model.name());
+            for tc in [false, true] {
+                let mut g = gpu_with(&spec, true, false, tc);
+                let out16 = run_gpu(&mut g, &input);
+                let p16 = psnr(&cpu, &out16);
+                println!(
+                    "{} on {photo} {tw}x{th}: fp32 max abs {d32:.2e}, fp16 ({} tensor-core \
+                     convs) {p16:.1} dB (max abs {:.2e})",
+                    model.name(),
+                    mma_launches(&g),
+                    max_abs(&cpu, &out16)
+                );
+                assert!(p16 >= 40.0, "{} fp16 on {photo}: {p16:.1} dB", model.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn an_unsupported_operator_is_a_clear_error_before_the_device_is_touched() {
+    // ConvTranspose has no GPU kernel: the error names it (no GPU needed to build the program).
+    let model = NeuralModel::from_bytes(&encode_model(&onnx_models::nchw_model()), "nchw").unwrap();
+    let spec = model.specialise(32, 32).unwrap();
+    let storage = Storage::uniform(spec.stage_count(), false);
+    match gsttoonflow::cuda::neural::program::build(&spec, &storage, 0, 0) {
+        Ok(p) => println!("nchw model: {} launches", p.launches.len()),
+        Err(e) => {
+            let text = e.to_string();
+            println!("nchw model on the GPU: {text}");
+            assert!(text.contains("GPU"), "{text}");
+        }
+    }
+}
+
+/// The program of each generated model (no GPU needed): every stage launches at least one
+/// kernel, in stage order; the arena plan is valid and holds the activations at their storage.
+#[test]
+fn programs_cover_every_stage() {
+    for (model, w, h) in generated().into_iter().chain([(
+        NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like").unwrap(),
+        160,
+        96,
+    )]) {
+        let spec = model.specialise(h, w).unwrap();
+        for half in [false, true] {
+            let storage = Storage {
+                half: vec![half; spec.stage_count()],
+                tensor_cores: true,
+            };
+            let p = gsttoonflow::cuda::neural::program::build(&spec, &storage, 0, 0).unwrap();
+            let mma = p
+                .launches
+                .iter()
+                .filter(|l| {
+                    matches!(
+                        l.kernel,
+                        gsttoonflow::cuda::neural::program::Kernel::ConvMma(_)
+                    )
+                })
+                .count();
+            // every fp16 conv with one group reads fp16 here: all of them go to tensor cores
+            if half {
+                assert!(mma > 0, "{}: no tensor-core convolution", model.name());
+            } else {
+                assert_eq!(mma, 0, "fp32 input never takes the tensor-core path");
+            }
+            let stages: Vec<usize> = p.launches.iter().map(|l| l.stage).collect();
+            assert!(stages.windows(2).all(|w| w[0] <= w[1]), "launch order");
+            for i in 0..spec.stage_count() {
+                assert!(
+                    stages.contains(&i),
+                    "{}: stage {i} has no launch",
+                    model.name()
+                );
+            }
+            p.arena.validate().unwrap();
+            let fp32 = gsttoonflow::cuda::neural::program::build(
+                &spec,
+                &Storage::uniform(spec.stage_count(), false),
+                0,
+                0,
+            )
+            .unwrap();
+            if half {
+                assert!(p.arena.arena_bytes < fp32.arena.arena_bytes);
+            }
+            println!(
+                "{} {w}x{h} {}: {} stages, {} launches ({mma} tensor-core), arena {} B, static {} B",
+                model.name(),
+                if half { "fp16" } else { "fp32" },
+                spec.stage_count(),
+                p.launches.len(),
+                p.arena.arena_bytes,
+                p.static_bytes
+            );
+        }
+    }
+}
+
+/// f32 → f16 bits against nprec's emulation (round to nearest even) over many magnitudes.
+#[test]
+fn half_conversion_rounds_to_nearest_even() {
+    use gsttoonflow::cuda::neural::program::f32_to_f16_bits;
+    use gsttoonflow::neural::precision::round_to_fp16;
+    let to_f32 = |h: u16| {
+        let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
+        let e = ((h >> 10) & 0x1f) as i32;
+        let m = (h & 0x3ff) as f32;
+        match e {
+            0 => sign * m * 2f32.powi(-24),
+            31 => sign * f32::INFINITY,
+            e => sign * (1.0 + m / 1024.0) * 2f32.powi(e - 15),
+        }
+    };
+    assert_eq!(f32_to_f16_bits(1.0), 0x3c00);
+    assert_eq!(f32_to_f16_bits(-2.0), 0xc000);
+    assert_eq!(f32_to_f16_bits(65504.0), 0x7bff);
+    assert_eq!(f32_to_f16_bits(1e6), 0x7c00);
+    assert_eq!(f32_to_f16_bits(0.0), 0);
+    let mut rng = Rng::new(9);
+    for _ in 0..100_000 {
+        let v = rng.uniform() * 2f32.powi((rng.uniform() * 20.0) as i32);
+        let got = to_f32(f32_to_f16_bits(v));
+        let want = round_to_fp16(v);
+        assert!(
+            got == want || (got.is_infinite() && want.abs() > 65504.0),
+            "{v}: {got} vs {want}"
+        );
+    }
+}
+
+/// Per-frame time of the launches alone (graph replay), TOONFLOW_NEURAL_BENCH=1.
+#[test]
+fn speed() {
+    if std::env::var("TOONFLOW_NEURAL_BENCH").is_err() {
+        println!("skipped: set TOONFLOW_NEURAL_BENCH=1 to measure per-frame times");
+        return;
+    }
+    need_gpu!();
+    let mut models: Vec<NeuralModel> = generated().into_iter().map(|m| m.0).collect();
+    models.extend(real_tiny());
+    for model in &models {
+        for (label, w, h) in [
+            ("720p", 1280usize, 720usize),
+            ("1080p", 1920, 1080),
+            ("4K", 3840, 2160),
+        ] {
+            let m = model.size_multiple();
+            let (h, w) = (h.div_ceil(m) * m, w.div_ceil(m) * m);
+            let spec = model.specialise(h, w).unwrap();
+            for (half, tc) in [(true, true), (true, false), (false, false)] {
+                let mut g = gpu_with(&spec, half, true, tc);
+                let input = random_input(&spec, 5);
+                let mut out = Tensor::zeros(&input.shape);
+                for _ in 0..4 {
+                    g.run(&input, &mut out).unwrap();
+                }
+                let n = 30;
+                let start = Instant::now();
+                for _ in 0..n {
+                    g.run_launches().unwrap();
+                }
+                g.synchronize().unwrap();
+                let ms = start.elapsed().as_secs_f64() * 1e3 / n as f64;
+                println!(
+                    "speed {} {label} ({w}x{h}) {}: {ms:.3} ms/frame ({:.0} fps), {} launches \
+                     ({} tensor-core convs), device memory {:.1} MiB (arena {:.1} MiB)",
+                    model.name(),
+                    if half { "fp16" } else { "fp32" },
+                    1e3 / ms,
+                    g.launches_per_frame(),
+                    mma_launches(&g),
+                    g.device_bytes() as f64 / 1048576.0,
+                    g.program().arena.arena_bytes as f64 / 1048576.0
+                );
+            }
+        }
+    }
+}
+
+/// The element with backend=cuda and model=: the CPU reference's frames (fp32 storage: within
+/// one code; calibrated fp16: within three), launches per frame in the stats, the graph replayed
+/// after the warm-up.
+#[test]
+fn the_element_runs_the_network_on_the_gpu() {
+    need_gpu!();
+    let dir = common::TempDir::new("neural-cuda-element");
+    let path = dir.path("tiny_like.onnx");
+    std::fs::write(&path, encode_model(&tiny_like())).unwrap();
+    let model = path.to_str().unwrap().to_string();
+    let frame = common::photo("chelsea.png", 160, 96);
+    let element = |backend: &str, precision: &str| {
+        let mut h = gst_check::Harness::new_parse(&format!(
+            "toonflow name=t backend={backend} precision={precision} model=\"{model}\" \
+             temporal-history=0"
+        ));
+        h.set_src_caps(common::nv12_caps(160, 96));
+        h
+    };
+    let stats = |h: &gst_check::Harness| {
+        h.element()
+            .unwrap()
+            .downcast_ref::<gst::Bin>()
+            .and_then(|b| b.by_name("t"))
+            .expect("toonflow named t")
+            .property::<gst::Structure>("stats")
+    };
+    let mut cpu_h = element("cpu", "fp32");
+    let cpu = common::push_frame(&mut cpu_h, &frame);
+    assert_eq!(stats(&cpu_h).get::<u32>("stages").unwrap(), 38);
+    for (precision, mean_max, code_max) in [("fp32", 0.05, 1), ("fp16", 0.3, 3)] {
+        let mut h = element("cuda", precision);
+        let mut last = None;
+        for _ in 0..5 {
+            last = Some(common::push_frame(&mut h, &frame));
+        }
+        let out = last.unwrap();
+        let d = common::mean_abs_diff(out.y(), cpu.y());
+        let max = out
+            .y()
+            .iter()
+            .zip(cpu.y())
+            .map(|(a, b)| (*a as i32 - *b as i32).abs())
+            .max()
+            .unwrap();
+        let s = stats(&h);
+        let launches = s.get::<u32>("launches").unwrap();
+        println!(
+            "element {precision}: luma mean abs {d:.3}, max {max} codes against the CPU \
+             reference; backend {}, {launches} launches, graph replayed {}, device bytes {}",
+            s.get::<&str>("backend").unwrap(),
+            s.get::<bool>("graph-replayed").unwrap(),
+            s.get::<u64>("arena-bytes").unwrap()
+        );
+        assert_eq!(s.get::<&str>("backend").unwrap(), "cuda");
+        assert_eq!(s.get::<u32>("stages").unwrap(), 38);
+        assert_eq!(launches, 38);
+        assert!(s.get::<bool>("graph-replayed").unwrap());
+        assert!(
+            d <= mean_max && max <= code_max,
+            "{precision}: mean {d}, max {max}"
+        );
+    }
+}
