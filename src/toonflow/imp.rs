@@ -83,7 +83,10 @@ impl Toonflow {
 
     /// Settings under which the classic CUDA pipeline may run (no CPU backend, no model).
     fn wants_cuda(settings: &Settings) -> bool {
-        settings.backend != BackendChoice::Cpu && settings.model.path.is_empty()
+        !matches!(
+            settings.backend,
+            BackendChoice::Cpu | BackendChoice::CpuReference
+        ) && settings.model.path.is_empty()
     }
 
     /// Whether `memory:CUDAMemory` caps are offered now: the GPU path may run and a context is

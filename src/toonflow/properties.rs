@@ -110,7 +110,7 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
             .build()),
         row!(precision => glib::ParamSpecEnum::builder_with_default("precision", PrecisionChoice::Fp16)
             .nick("Precision")
-            .blurb("Storage precision of the GPU's working planes and temporal history (math is fp32; the CPU backend always uses fp32)")
+            .blurb("Storage precision of the GPU's working planes and temporal history (math is fp32; the CPU backend always uses fp32). With a model, fp16 is calibrated on the first frame: stages where fp16 would overflow or lose the variance keep fp32")
             .mutable_playing()
             .build()),
         row!(stage.bilateral_iterations => uint("bilateral-iterations", "Bilateral iterations", "Passes of the edge-preserving smoothing (0 disables it)", (0, MAX_ITERATIONS), d.bilateral_iterations)),
@@ -139,7 +139,7 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
         row!(stats_interval => uint("stats-interval", "Stats interval", "Post a toonflow-stats element message every this many frames (0 = never)", (0, u32::MAX), DEFAULT_STATS_INTERVAL)),
         row!(string model.path => glib::ParamSpecString::builder("model")
             .nick("Model")
-            .blurb("Path to an ONNX style network (RGB in and out, 3 channels, NHWC or NCHW) that replaces the classic pipeline; empty = the classic cartoon filter. Read at start; runs on the CPU reference (docs/neural.md)")
+            .blurb("Path to an ONNX style network (RGB in and out, 3 channels, NHWC or NCHW) that replaces the classic pipeline; empty = the classic cartoon filter. Read at start; runs on the GPU with backend=cuda or auto, else on the CPU reference (docs/neural.md)")
             .default_value(Some(""))
             .mutable_ready()
             .build()),
@@ -160,7 +160,7 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
 fn stats_spec() -> glib::ParamSpec {
     glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
         .nick("Statistics")
-        .blurb("Running statistics: backend, frames, dropped (late frames skipped for QoS), scene-cuts, mean-us/p50-us/p99-us per frame; on CUDA gpu-time-us, transfer-time-us, launches, graph-replayed, arena-bytes, peak-live-bytes, device-free-bytes; with a model its name, stages per frame, network-width/network-height it runs at, arena-bytes and peak-live-bytes of its activation plan")
+        .blurb("Running statistics: backend, frames, dropped (late frames skipped for QoS), scene-cuts, mean-us/p50-us/p99-us per frame; on CUDA gpu-time-us, transfer-time-us, upload-bytes, download-bytes (0 with CUDA memory on both pads), device-copy-us, launches, graph-replayed, arena-bytes, peak-live-bytes, device-free-bytes; with a model its name, stages per frame, network-width/network-height it runs at, arena-bytes and peak-live-bytes of its activation plan")
         .read_only()
         .build()
 }
