@@ -210,6 +210,24 @@ impl std::fmt::Debug for CudaPipeline {
     }
 }
 
+/// The shape's memory plan, once the shape matches `geometry` and the plan fits under
+/// `max_device_memory` (0: no cap).
+fn check_shape(
+    geometry: &FrameGeometry,
+    shape: &Shape,
+    max_device_memory: u64,
+) -> Result<MemoryPlan, CudaError> {
+    if geometry.width != shape.width as usize || geometry.height != shape.height as usize {
+        return Err(CudaError::Failed(format!(
+            "geometry {}x{} differs from the shape's {}x{}",
+            geometry.width, geometry.height, shape.width, shape.height
+        )));
+    }
+    let plan = classic_plan(shape);
+    check_cap(&plan, max_device_memory)?;
+    Ok(plan)
+}
+
 impl CudaPipeline {
     /// A pipeline in the process's primary context of `device_id`.
     pub fn new(
@@ -219,6 +237,9 @@ impl CudaPipeline {
         max_device_memory: u64,
         use_graph: bool,
     ) -> Result<Self, CudaError> {
+        // The plan is checked before the driver is touched: a cap below it is the same clear
+        // error with or without a GPU.
+        check_shape(&geometry, &shape, max_device_memory)?;
         let ctx = context(device_id)?;
         Self::new_in(ctx, geometry, shape, max_device_memory, use_graph)
     }
@@ -233,14 +254,7 @@ impl CudaPipeline {
         use_graph: bool,
     ) -> Result<Self, CudaError> {
         let device_id = ctx.ordinal();
-        if geometry.width != shape.width as usize || geometry.height != shape.height as usize {
-            return Err(CudaError::Failed(format!(
-                "geometry {}x{} differs from the shape's {}x{}",
-                geometry.width, geometry.height, shape.width, shape.height
-            )));
-        }
-        let plan = classic_plan(&shape);
-        check_cap(&plan, max_device_memory)?;
+        let plan = check_shape(&geometry, &shape, max_device_memory)?;
         let (device_name, _) = describe(&ctx)?;
         let kernels = kernels(&ctx, shape.precision)?;
         let host = PinnedHostBuffer::in_context(ctx.clone(), HOST_BYTES)?;
