@@ -13,44 +13,38 @@ use std::sync::Arc;
 use crate::cuda::neural::program::Storage;
 use crate::cuda::neural::{NeuralGpu, NeuralGpuError, NeuralGpuEvent};
 use crate::cuda::{CudaError, GpuFrameStats};
-use crate::neural::engine::{NeuralModel, Specialised};
-use crate::neural::frame::{ConverterConfig, FrameConverter};
+use crate::neural::Tensor;
+use crate::neural::engine::NeuralModel;
+use crate::neural::frame::ConverterConfig;
 use crate::neural::precision::{Calibrator, PrecisionPlan};
-use crate::neural::temporal::{NeuralTemporal, OutputFilter, SceneCutGate, StatSmoother};
-use crate::neural::{NeuralError, Tensor};
+use crate::neural::temporal::StatSmoother;
 use crate::pipeline::cpu::FrameReport;
 use crate::pipeline::{Nv12Frame, Nv12FrameMut, ToonParams};
 
-use super::lines::LineOverlay;
-use super::neural_cpu::{NeuralFrameStats, NeuralTemporalParams};
+use super::neural_cpu::{NetworkFrames, NeuralFrameStats, NeuralTemporalParams};
 
 /// One stream's neural state with the network on a CUDA device.
 pub struct NeuralCuda {
+    /// The frames around the network (its host statistics smoother is unused: the device has
+    /// its own).
+    f: NetworkFrames,
     /// `None` only after a rebuild failed to allocate: frames are refused.
     gpu: Option<NeuralGpu>,
-    model: Arc<NeuralModel>,
-    config: ConverterConfig,
-    converter: FrameConverter,
-    network: Specialised,
     device_id: usize,
     max_bytes: u64,
     use_graph: bool,
     /// `Some` until the first frame calibrated the fp16 storage.
     calibrating: Option<Calibrator>,
     precision: Option<PrecisionPlan>,
-    temporal: NeuralTemporal,
-    input: Tensor<f32>,
     output: Tensor<f32>,
-    params: NeuralTemporalParams,
-    lines: Option<LineOverlay>,
     log: Vec<String>,
 }
 
 impl std::fmt::Debug for NeuralCuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NeuralCuda")
-            .field("model", &self.model.name())
-            .field("config", &self.config)
+            .field("model", &self.f.model.name())
+            .field("config", &self.f.config)
             .field("gpu", &self.gpu)
             .finish()
     }
@@ -70,59 +64,31 @@ impl NeuralCuda {
         fp16: bool,
         use_graph: bool,
     ) -> Result<NeuralCuda, NeuralGpuError> {
-        let converter = FrameConverter::new(config)?;
-        let (h, w) = converter.network_size();
-        let network = model.specialise(h, w)?;
-        let expected = converter.tensor_shape();
-        if network.input_shape() != expected {
-            return Err(NeuralError::Model(format!(
-                "{}: specialised for input {:?}, the frame converter makes {:?}",
-                model.name(),
-                network.input_shape(),
-                expected
-            ))
-            .into());
-        }
-        let storage = Storage::uniform(network.stage_count(), false);
-        let mut gpu = NeuralGpu::new(device_id, &network, &storage, max_bytes, use_graph)?;
+        // The smoother runs on the device; the host one only stands in for the shared type.
+        let f = NetworkFrames::new(model, config, params, |_| StatSmoother::new(0, 0.0))?;
+        let storage = Storage::uniform(f.network.stage_count(), false);
+        let mut gpu = NeuralGpu::new(device_id, &f.network, &storage, max_bytes, use_graph)?;
         gpu.set_smoothing(params.stat_smoothing);
-        let (sh, sw) = converter.scaled_size();
-        let mut filter = OutputFilter::new(sw, sh, params.history, config.matrix, config.range);
-        filter.set_params(params.history, params.strength, params.motion_sigma);
-        let temporal = NeuralTemporal {
-            // the smoother runs on the device; this one only stands in for the shared type
-            smoother: StatSmoother::new(0, 0.0),
-            filter,
-            scene: SceneCutGate::new(config.width, config.height),
-        };
-        let input = converter.new_tensor();
-        let output = converter.new_tensor();
+        let output = f.converter.new_tensor();
         Ok(NeuralCuda {
-            calibrating: fp16.then(|| Calibrator::new(&network)),
+            calibrating: fp16.then(|| Calibrator::new(&f.network)),
             precision: None,
             gpu: Some(gpu),
-            model,
-            config,
-            converter,
-            network,
+            f,
             device_id,
             max_bytes,
             use_graph,
-            temporal,
-            input,
             output,
-            params,
-            lines: None,
             log: Vec::new(),
         })
     }
 
     pub fn config(&self) -> &ConverterConfig {
-        &self.config
+        &self.f.config
     }
 
     pub fn network_size(&self) -> (usize, usize) {
-        self.converter.network_size()
+        self.f.network_size()
     }
 
     /// The device network (program, plan, launches); `None` after a failed rebuild.
@@ -166,17 +132,11 @@ impl NeuralCuda {
     }
 
     pub fn frame_stats(&self) -> NeuralFrameStats {
-        let (h, w) = self.network_size();
-        NeuralFrameStats {
-            arena_bytes: self.gpu.as_ref().map_or(0, |g| g.device_bytes()),
-            peak_live_bytes: self
-                .gpu
-                .as_ref()
-                .map_or(0, |g| g.program().arena.peak_live_bytes),
-            stages: self.network.stage_count() as u32,
-            network_width: w as u32,
-            network_height: h as u32,
-        }
+        let gpu = self.gpu.as_ref();
+        self.f.frame_stats(
+            gpu.map_or(0, |g| g.device_bytes()),
+            gpu.map_or(0, |g| g.program().arena.peak_live_bytes),
+        )
     }
 
     pub fn gpu_stats(&self) -> GpuFrameStats {
@@ -195,36 +155,16 @@ impl NeuralCuda {
 
     /// Follows the temporal properties (as the CPU processor does).
     pub fn set_params(&mut self, params: NeuralTemporalParams) {
-        if params == self.params {
-            return;
-        }
-        if params.history > self.temporal.filter.capacity() {
-            let (sh, sw) = self.converter.scaled_size();
-            self.temporal.filter =
-                OutputFilter::new(0, 0, 0, self.config.matrix, self.config.range);
-            let mut f = OutputFilter::new(
-                sw,
-                sh,
-                params.history,
-                self.config.matrix,
-                self.config.range,
-            );
-            f.set_params(params.history, params.strength, params.motion_sigma);
-            self.temporal.filter = f;
-        } else {
-            self.temporal
-                .filter
-                .set_params(params.history, params.strength, params.motion_sigma);
-        }
-        if let Some(g) = &mut self.gpu {
+        if self.f.set_params(params)
+            && let Some(g) = &mut self.gpu
+        {
             g.set_smoothing(params.stat_smoothing);
         }
-        self.params = params;
     }
 
     /// Forgets statistics, outputs and the scene reference (FLUSH, DISCONT, caps).
     pub fn reset(&mut self) {
-        self.temporal.reset();
+        self.f.temporal.reset();
         if let Some(g) = &mut self.gpu {
             g.reset();
         }
@@ -237,21 +177,10 @@ impl NeuralCuda {
         output: &mut Nv12FrameMut,
         lines: Option<&ToonParams>,
     ) -> Result<FrameReport, NeuralGpuError> {
-        let cut =
-            self.temporal
-                .begin_frame(input.y, input.y_stride, self.params.scene_cut_threshold);
+        let cut = self.f.begin(input)?;
         if cut.cut {
             self.device()?.reset();
         }
-        self.converter
-            .to_tensor(
-                input.y,
-                input.y_stride,
-                input.uv,
-                input.uv_stride,
-                &mut self.input,
-            )
-            .map_err(NeuralError::Model)?;
         if let Some(mut calibrator) = self.calibrating.take() {
             let mut stats: Vec<(usize, Vec<f32>, Vec<f32>)> = Vec::new();
             let gpu = self
@@ -259,7 +188,7 @@ impl NeuralCuda {
                 .as_mut()
                 .ok_or(CudaError::Failed("no device network".into()))?;
             gpu.run_observed(
-                &self.input,
+                &self.f.input,
                 &mut self.output,
                 &mut |stage, values| calibrator.record_output_data(stage, values),
                 &mut |index, mean, var| stats.push((index, mean.to_vec(), var.to_vec())),
@@ -271,7 +200,7 @@ impl NeuralCuda {
             let plan = calibrator.finish();
             self.log.push(format!(
                 "calibrated storage of {} ({} of {} stages fp16):\n{}",
-                self.model.name(),
+                self.f.model.name(),
                 plan.count(crate::neural::precision::StoragePrecision::Fp16),
                 plan.len(),
                 plan.ledger()
@@ -283,29 +212,9 @@ impl NeuralCuda {
                 .gpu
                 .as_mut()
                 .ok_or(CudaError::Failed("no device network".into()))?;
-            gpu.run(&self.input, &mut self.output)?;
+            gpu.run(&self.f.input, &mut self.output)?;
         }
-        self.converter
-            .read_output(&self.output)
-            .map_err(NeuralError::Model)?;
-        let history_used = self
-            .temporal
-            .filter
-            .apply(self.converter.network_rgb_mut())
-            .map_err(NeuralError::Model)?;
-        self.converter
-            .write_nv12(output.y, output.y_stride, output.uv, output.uv_stride)
-            .map_err(NeuralError::Model)?;
-        if let Some(p) = lines {
-            self.lines
-                .get_or_insert_with(|| LineOverlay::new(output.geometry))
-                .apply(p, output);
-        }
-        Ok(FrameReport {
-            scene_cut: cut.cut,
-            scene_score: cut.score,
-            history_used,
-        })
+        Ok(self.f.finish(cut, &self.output, output, lines)?)
     }
 
     /// The network again with `storage` (the old device memory goes first, then the new is
@@ -314,12 +223,12 @@ impl NeuralCuda {
         self.gpu = None;
         let mut gpu = NeuralGpu::new(
             self.device_id,
-            &self.network,
+            &self.f.network,
             storage,
             self.max_bytes,
             self.use_graph,
         )?;
-        gpu.set_smoothing(self.params.stat_smoothing);
+        gpu.set_smoothing(self.f.params.stat_smoothing);
         self.gpu = Some(gpu);
         Ok(())
     }
