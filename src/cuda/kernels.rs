@@ -71,6 +71,38 @@ pub fn full_source(precision: Precision) -> String {
     )
 }
 
+/// NVRTC over one kernel file's translation unit `src` for `arch`, with the project's options
+/// (IEEE division and square root, no flush to zero, FMA contraction only when `fmad`); with
+/// `broken` (the injected compile fault) NVRTC fails on an `#error` line.
+pub(crate) fn compile_to_ptx(
+    file: &'static str,
+    arch: &str,
+    mut src: String,
+    fmad: bool,
+    broken: bool,
+) -> Result<Ptx, CudaError> {
+    let opts = CompileOptions {
+        fmad: Some(fmad),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ftz: Some(false),
+        use_fast_math: Some(false),
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++14".into()],
+        name: Some(file.into()),
+        ..Default::default()
+    };
+    if broken {
+        src.push_str("\n#error \"fault injected by TOONFLOW_CUDA_FAULT=compile\"\n");
+    }
+    guard("NVRTC", || {
+        cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|source| CudaError::Compile {
+            file,
+            arch: arch.to_string(),
+            source,
+        })
+    })
+}
+
 /// Compiles the kernels to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
 pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaError> {
     let broken = injected(Fault::Compile);
@@ -82,27 +114,13 @@ pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaEr
         return Ok((ptx.clone(), 0.0));
     }
     let start = Instant::now();
-    let opts = CompileOptions {
-        fmad: Some(!exact_math()),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        ftz: Some(false),
-        use_fast_math: Some(false),
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++14".into()],
-        name: Some(KERNEL_FILE.into()),
-        ..Default::default()
-    };
-    let mut src = full_source(precision);
-    if broken {
-        src.push_str("\n#error \"fault injected by TOONFLOW_CUDA_FAULT=compile\"\n");
-    }
-    let ptx = guard("NVRTC", || {
-        cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|source| CudaError::Compile {
-            file: KERNEL_FILE,
-            arch: arch.to_string(),
-            source,
-        })
-    })?;
+    let ptx = compile_to_ptx(
+        KERNEL_FILE,
+        arch,
+        full_source(precision),
+        !exact_math(),
+        broken,
+    )?;
     let text = ptx.to_src();
     if broken {
         return Ok((text, 0.0));

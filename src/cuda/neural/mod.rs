@@ -16,7 +16,7 @@ use std::time::Instant;
 use cudarc::driver::LaunchConfig;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, PushKernelArg, result};
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
@@ -26,6 +26,7 @@ use super::copy::{copy_d2h, copy_h2d};
 use super::error::{CudaError, MemoryShortfall, driver};
 use super::fault::{Fault, injected};
 use super::graph::{GraphCache, OwnedGraph, Ran};
+use super::kernels::compile_to_ptx;
 use super::{GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES};
 use crate::neural::engine::Specialised;
 use crate::neural::lower::StatsHook;
@@ -57,27 +58,7 @@ pub fn compile(arch: &str) -> Result<(String, f64), CudaError> {
         return Ok((ptx.clone(), 0.0));
     }
     let start = Instant::now();
-    let opts = CompileOptions {
-        fmad: Some(true),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        ftz: Some(false),
-        use_fast_math: Some(false),
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++14".into()],
-        name: Some(KERNEL_FILE.into()),
-        ..Default::default()
-    };
-    let mut src = full_source();
-    if broken {
-        src.push_str("\n#error \"fault injected by TOONFLOW_CUDA_FAULT=compile\"\n");
-    }
-    let ptx = guard("NVRTC", || {
-        cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|source| CudaError::Compile {
-            file: KERNEL_FILE,
-            arch: arch.to_string(),
-            source,
-        })
-    })?;
+    let ptx = compile_to_ptx(KERNEL_FILE, arch, full_source(), true, broken)?;
     let text = ptx.to_src();
     let ms = start.elapsed().as_secs_f64() * 1e3;
     if !broken {
