@@ -12,6 +12,8 @@
 #   .gpu/env.sh     source it first on the GPU machine
 #   .gpu/run-tests.sh  runs every test executable of the bundle
 # Usage, from anywhere inside the checkout:  tools/gpu-bundle.sh [extra cargo args]
+# TOONFLOW_GPU_BUNDLE_DIR=/path writes the bundle there instead (a helper worktree's bundle must
+# sit inside the checkout that the device tool sends, e.g. /work/main/.gpu-<name>/).
 # Then, on the GPU machine, with the checkout and .gpu/ beside it:
 #   source .gpu/env.sh && .gpu/run-tests.sh          every test, the GPU tests included
 #   source .gpu/env.sh && tools/h200.sh parity report element bench
@@ -23,12 +25,13 @@ cd "$root"
 # info/exclude lives in the common git dir, also from a linked worktree (where .git is a file).
 exclude=$(git rev-parse --path-format=absolute --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
-grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
+grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
+grep -qxF '/.gpu-*/' "$exclude" 2>/dev/null || echo '/.gpu-*/' >>"$exclude"
 # Where cargo puts the build (CARGO_TARGET_DIR, .cargo/config.toml or ./target).
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 release=$target/release
-out=$root/.gpu
+out=${TOONFLOW_GPU_BUNDLE_DIR:-$root/.gpu}
 rm -rf "$out"
 mkdir -p "$out"/{gst/lib,gst/plugins,gst/bin,plugins,tests,bin,frei0r}
 
@@ -124,7 +127,7 @@ chmod +x "$out/run-tests.sh"
 tools/peers/fetch-wheels.sh "$out/wheels" >/dev/null ||
   echo "gpu-bundle: no onnx2torch wheel (offline?): tools/h200.sh peer will not run" >&2
 size_mib=$(du -sm "$out" | cut -f1)
-echo "gpu-bundle: ${size_mib} MiB in .gpu/"
+echo "gpu-bundle: ${size_mib} MiB in $out"
 if ((size_mib >= 64)); then
   echo "gpu-bundle: over the 64 MiB a device run carries; set TOONFLOW_GPU_BUNDLE_SKIP to leave more tests out" >&2
   exit 1
