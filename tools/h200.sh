@@ -4,7 +4,7 @@
 #                                       GStreamer runtime, frei0r's cartoon filter)
 #   there:  source .gpu/env.sh && tools/h200.sh <step...>
 #           steps: parity fast-parity report fast-report element faults soak bench neural-bench
-#                  peer stats
+#                  peer stats sanitize
 # Writes logs under $OUT when set.
 set -uo pipefail
 if [ "${1:-}" = "--pack" ]; then
@@ -48,6 +48,17 @@ for step in "$@"; do
                 .gpu/bin/toonflow-bench --model "$m" --modes cuda-eager,cuda-graph --precisions fp16,fp32 \
                     --frames "${TOONFLOW_NEURAL_FRAMES:-200}" --reps 1 --json "$out/neural-bench-$(basename "$m" .onnx).json" \
                     2>&1 | tee -a "$out/neural-bench.txt" || rc=1
+            done ;;
+        sanitize) # compute-sanitizer memcheck and racecheck over the kernel-running tests
+            for t in .gpu/tests/neural_cuda-* .gpu/tests/cuda_parity-* .gpu/tests/cuda_memory-*; do
+                for tool in memcheck racecheck; do
+                    echo "--- $tool ${t##*/}"
+                    compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+                        "$t" --test-threads=1 ${TOONFLOW_SANITIZE_FILTER:-} >"$out/sanitize-$tool-${t##*/}.log" 2>&1
+                    code=$?
+                    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test result" "$out/sanitize-$tool-${t##*/}.log"
+                    ((code == 0)) || { echo "exit $code"; rc=1; }
+                done
             done ;;
         stats) gst-launch-1.0 -m videotestsrc num-buffers=300 ! video/x-raw,format=NV12,width=1920,height=1080 ! \
                    toonflow stats-interval=100 ! fakesink 2>&1 | grep -E "toonflow-stats" | tail -2 ;;
