@@ -7,8 +7,9 @@ use cudarc::driver::{CudaContext, result, sys};
 use super::context::{context, guard, libraries_present};
 use super::error::{CudaError, MemoryShortfall, driver};
 
-/// Page-locked host memory (cuMemHostAlloc, flags 0: cached, so the CPU reads it fast too).
-/// Freed on drop. Copies from and to it run at PCIe speed and asynchronously.
+/// Page-locked host memory (cuMemHostAlloc, portable: page-locked for every context of the
+/// process, so a pipeline in a context adopted from nvcodec copies from it at full speed too;
+/// cached, so the CPU reads it fast). Freed on drop. Copies from and to it run at PCIe speed and asynchronously.
 pub struct PinnedHostBuffer {
     ptr: *mut u8,
     len: usize,
@@ -32,14 +33,16 @@ impl PinnedHostBuffer {
         guard("cuMemHostAlloc", || {
             ctx.bind_to_thread()
                 .map_err(driver("binding the context"))?;
-            // SAFETY: the context is current on this thread; flags 0 ask for plain cached
-            // page-locked memory. The pointer is checked by the driver's result.
-            let ptr = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| {
-                CudaError::OutOfMemory(MemoryShortfall {
-                    message: format!("cannot allocate {len} bytes of page-locked host memory"),
-                    source: Some(e),
-                })
-            })? as *mut u8;
+            // SAFETY: the context is current on this thread; the flags ask for cached,
+            // portable page-locked memory. The pointer is checked by the driver's result.
+            let ptr = unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }.map_err(
+                |e| {
+                    CudaError::OutOfMemory(MemoryShortfall {
+                        message: format!("cannot allocate {len} bytes of page-locked host memory"),
+                        source: Some(e),
+                    })
+                },
+            )? as *mut u8;
             // SAFETY: `ptr` points to `bytes` freshly allocated, writable bytes.
             unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
             Ok(PinnedHostBuffer { ptr, len, ctx })
