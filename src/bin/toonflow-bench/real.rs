@@ -211,13 +211,13 @@ fn raw_file(w: usize, h: usize, frames: &[gst::Buffer]) -> Result<PathBuf, Strin
 
 /// An H.264 stream of `frames` frames (x264enc), for the decoder modes.
 fn h264_file(w: usize, h: usize, frames: usize) -> Result<PathBuf, String> {
-    let path = std::env::temp_dir().join(format!("toonflow-bench-{w}x{h}-{frames}.h264"));
+    let path = std::env::temp_dir().join(format!("toonflow-bench-{w}x{h}-{frames}.mp4"));
     if path.exists() {
         return Ok(path);
     }
     let desc = format!(
         "videotestsrc pattern=ball num-buffers={frames} ! video/x-raw,format=I420,width={w},height={h},framerate=30/1 ! \
-         x264enc speed-preset=ultrafast tune=zerolatency key-int-max=60 ! h264parse ! filesink location=\"{}\"",
+         x264enc speed-preset=ultrafast key-int-max=60 ! h264parse ! mp4mux ! filesink location=\"{}\"",
         path.display()
     );
     let pipeline = gst::parse::launch(&desc).map_err(|e| e.to_string())?;
@@ -249,7 +249,10 @@ pub fn run_mode(
     count: usize,
     deadline: Duration,
 ) -> Result<Vec<Measured>, String> {
-    let caps = format!("video/x-raw,format=NV12,width={w},height={h},framerate=30/1");
+    let size = format!("format=NV12,width={w},height={h}");
+    let caps = format!("video/x-raw,{size},framerate=30/1");
+    // After a decoder: the stream's own frame rate.
+    let decoded = format!("video/x-raw,{size}");
     let toon = format!("toonflow name=t backend=cuda precision={precision} cuda-graph=true");
     let sink = "fakesink sync=false async=false";
     let appsrc =
@@ -271,7 +274,7 @@ pub fn run_mode(
         let file = h264_file(w, h, 60 + count)?;
         Ok((
             format!(
-                "filesrc location=\"{}\" ! h264parse ! nvh264dec ! {tail}",
+                "filesrc location=\"{}\" ! qtdemux ! h264parse ! nvh264dec ! {tail}",
                 file.display()
             ),
             Feed::Source,
@@ -281,7 +284,8 @@ pub fn run_mode(
     let one = match mode {
         "videotestsrc" => (
             format!(
-                "videotestsrc pattern=ball ! {caps} ! queue max-size-buffers=4 ! {toon} ! {sink}"
+                "videotestsrc pattern=solid-color foreground-color=0xff808080 ! {caps} ! \
+                 queue max-size-buffers=4 ! {toon} ! {sink}"
             ),
             Feed::Source,
         ),
@@ -300,13 +304,13 @@ pub fn run_mode(
         "appsrc-pageable" => push(frames, false),
         "appsrc-fresh" => push(frames, true),
         "nvh264dec" => decoder(&format!(
-            "{caps} ! queue max-size-buffers=4 ! {toon} ! {sink}"
+            "{decoded} ! queue max-size-buffers=4 ! {toon} ! {sink}"
         ))?,
         "nvh264dec-cudadownload" => decoder(&format!(
-            "cudadownload ! {caps} ! queue max-size-buffers=4 ! {toon} ! {sink}"
+            "cudadownload ! {decoded} ! queue max-size-buffers=4 ! {toon} ! {sink}"
         ))?,
         "nvh264dec-cuda" => decoder(&format!(
-            "video/x-raw(memory:CUDAMemory),format=NV12 ! queue max-size-buffers=4 ! {toon} ! \
+            "video/x-raw(memory:CUDAMemory),{size} ! queue max-size-buffers=4 ! {toon} ! \
              video/x-raw(memory:CUDAMemory) ! cudadownload ! {sink}"
         ))?,
         "density" => {
