@@ -8,8 +8,8 @@
 //! registers. Borders replicate the edge pixel through a padded copy of the row, so every pixel
 //! of a row takes the vector path.
 //!
-//! Every kernel is compiled twice (see [`multiversion!`]): once for the crate's baseline target
-//! and once with AVX2 and FMA enabled, chosen at run time through [`Isa`]. Nothing here
+//! Every kernel is compiled twice (see [`multiversion!`]): for the crate's baseline target and
+//! with AVX2 and FMA, chosen at run time through [`Isa`]. Nothing here
 //! allocates: padded rows live on the stack.
 
 use super::params::MAX_RADIUS;
@@ -32,12 +32,24 @@ enum IsaKind {
 }
 
 impl Isa {
-    /// The best instruction set this CPU runs.
+    /// The best instruction set this CPU runs, or the baseline when `TOONFLOW_CPU_ISA=baseline`
+    /// (to measure what a CPU without AVX2 gets).
     pub fn detect() -> Isa {
+        if std::env::var("TOONFLOW_CPU_ISA").as_deref() == Ok("baseline") {
+            return Isa::baseline();
+        }
+        Isa::best()
+    }
+
+    fn best() -> Isa {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
-            return Isa(IsaKind::Avx2);
+            use std::arch::is_x86_feature_detected as has;
+            // AVX-512 builds of these kernels measured slower than AVX2 on a Zen 4 (whose
+            // 512-bit units are two 256-bit ones), so AVX2 is the top.
+            if has!("avx2") && has!("fma") {
+                return Isa(IsaKind::Avx2);
+            }
         }
         Isa(IsaKind::Baseline)
     }
@@ -149,7 +161,7 @@ pub trait Arith {
     fn mad(a: f32, b: f32, c: f32) -> f32;
 }
 
-/// One rounding per multiply-add (the AVX2 and AVX-512 builds).
+/// One rounding per multiply-add (the AVX2 build).
 pub struct Fused;
 /// A rounded product then a rounded sum (the baseline build).
 pub struct Separate;
@@ -864,7 +876,11 @@ pub struct ComposeInputs {
 /// The reference's `pack` rounding: half away from zero, clamped to 0–255.
 #[inline(always)]
 fn to_code(v: f32) -> u8 {
-    v.round().clamp(0.0, 255.0) as u8
+    // The rounded, clamped value is a whole number in 0–255: adding 1.5·2²³ puts it in the low
+    // mantissa bits exactly, where a bit cast reads it. (`as u8` on a float is a saturating
+    // conversion that stays scalar; this vectorises.)
+    let whole = v.round().clamp(0.0, 255.0);
+    (whole + 12_582_912.0).to_bits() as u8
 }
 
 multiversion! {
