@@ -21,7 +21,7 @@ use gsttoonflow::pipeline::stats::percentile_of_sorted;
 mod real;
 
 const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4k,320x240] \
-[--modes cpu,cpu-reference,cpu-stages,cuda-eager,cuda-graph,frei0r,videotestsrc,rawvideoparse,appsrc-pinned,\
+[--modes cpu,cpu-reference,cpu-stages,cpu-fast-stages,cuda-eager,cuda-graph,frei0r,videotestsrc,rawvideoparse,appsrc-pinned,\
 appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,density,host-copies] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
 [--reps N] [--json FILE] [--model PATH.onnx]";
 
@@ -531,6 +531,7 @@ fn cpu_stages(
     frames: &[gst::Buffer],
     reference_frames: usize,
     reps: usize,
+    with_reference: bool,
 ) -> Result<String, String> {
     use gsttoonflow::pipeline::cpu::StageTimes;
     use gsttoonflow::pipeline::fast::CpuClassic;
@@ -575,7 +576,12 @@ fn cpu_stages(
         }
         Ok((stages, totals, median(cpu_ms)))
     };
-    let (ref_stages, ref_total, ref_cpu) = measure(true, reference_frames)?;
+    // cpu-fast-stages leaves the reference out (a quicker look at the fast path alone).
+    let (ref_stages, ref_total, ref_cpu) = if with_reference {
+        measure(true, reference_frames)?
+    } else {
+        (vec![vec![0.0]; StageTimes::NAMES.len()], vec![0.0], 0.0)
+    };
     let (fast_stages, fast_total, fast_cpu) = measure(false, 10 * reference_frames)?;
     println!(
         "  {width}x{height} stages, ms per frame (median; reference {} frames, fast {} frames):",
@@ -708,8 +714,10 @@ fn main() {
                     "fp32".into(),
                     format!("toonflow name=t backend=cpu-reference{model_prop}"),
                 )],
-                "cpu-stages" => {
-                    match cpu_stages(*w, *h, &frames, opts.cpu_frames.max(2), opts.reps) {
+                "cpu-stages" | "cpu-fast-stages" => {
+                    let with_reference = mode == "cpu-stages";
+                    let (w, h, n) = (*w, *h, opts.cpu_frames.max(2));
+                    match cpu_stages(w, h, &frames, n, opts.reps, with_reference) {
                         Ok(json) => stage_rows.push(format!(
                             "{{\"size\":\"{}\",\"width\":{w},\"height\":{h},{json}}}",
                             json_escape(label)
