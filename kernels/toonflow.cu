@@ -3,9 +3,11 @@
 // Compiled at run time with NVRTC, once per storage precision:
 //   -DTF_FP16=1  planes (features, ring, bilateral intermediates) stored as IEEE half
 //   -DTF_FP16=0  planes stored as float
-// Math is always fp32, evaluated in the CPU reference's order (no fast math, no FMA contraction:
-// the host compiles with --fmad=false). The DoG intermediates are always float: they are
-// differences of nearly equal values and half storage would move the lines.
+// Math is always fp32, in the CPU reference's order (the host compiles with --fmad=false); the
+// bilateral taps alone use explicit FMAs and the hardware ex2 for their weights (see
+// tf_tap_weight; TF_ACCURATE_EXP=1 restores the CPU's products), which tests/cuda_parity.rs
+// bounds. The DoG intermediates are always float: they are differences of nearly equal values
+// and half storage would move the lines.
 //
 // A frame is (launch order):
 //   memset(stats)             thumbnail block sums + histogram to zero (a memset node, no kernel)
@@ -24,7 +26,7 @@
 // The host prepends the ABI this file relies on, generated from Rust (src/cuda/abi.rs): the
 // blocks ToonParams, TfControl, TfState and TfFrame, and the shared constants TF_MAX_RADIUS,
 // TF_THUMB_W/H, TF_HIST_BINS, TF_MAX_HISTORY, TF_AUTO_LEVELS_CLIP, TF_AUTO_LEVELS_MIN_SPREAD and
-// the launch block sizes TF_TILE_BX/BY, TF_BIL_BX/BY, TF_ANALYZE_THREADS.
+// the launch block sizes TF_TILE_BX/BY, TF_BIL_BX/BY, TF_BILY_BX/BY/ROWS, TF_ANALYZE_THREADS.
 
 // Range and motion weights exp(coeff * d2). By default one hardware ex2 (MUFU.EX2, ~2 ulp) of
 // coeff * log2(e) * d2: the weights differ from the CPU's exp by a few parts in 10^7, far below
