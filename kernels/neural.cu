@@ -113,6 +113,24 @@ __device__ __forceinline__ int nn_pad_index(int i, int n, int mode)
     return m >= n ? period - m : m;
 }
 
+// One value of a separable 2-tap resize: the taps ty (row) and tx (column) of the tables
+// (int i0, int i1, float w0, float w1), along H first then W, as the CPU reference does.
+__device__ __forceinline__ float nn_resize_at(unsigned long long x, int half, long long base, int in_w,
+                                              const int* ty, const int* tx)
+{
+    float wy0 = __int_as_float(ty[2]), wy1 = __int_as_float(ty[3]);
+    float wx0 = __int_as_float(tx[2]), wx1 = __int_as_float(tx[3]);
+    float a0 = nn_load(x, base + (long long)ty[0] * in_w + tx[0], half);
+    float a1 = nn_load(x, base + (long long)ty[0] * in_w + tx[1], half);
+    if (wy1 != 0.0f) {
+        float b0 = nn_load(x, base + (long long)ty[1] * in_w + tx[0], half);
+        float b1 = nn_load(x, base + (long long)ty[1] * in_w + tx[1], half);
+        a0 = wy0 * a0 + wy1 * b0;
+        a1 = wy0 * a1 + wy1 * b1;
+    }
+    return wx1 != 0.0f ? wx0 * a0 + wx1 * a1 : a0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Convolution
 
@@ -203,106 +221,155 @@ __device__ __forceinline__ void nn_conv_body(const NnConv* __restrict__ p)
 }
 
 // Tensor-core convolution (sm_80+): implicit GEMM with mma.sync m16n8k16 (f16 x f16 -> f32).
-// M = output pixels, N = output channels, K = taps x input channels (tap-major, 16 channels per
-// step, zero beyond cin). Each warp computes 16 pixels x up to NN_MMA_NT*8 channels; A fragments
-// are gathered straight from the fp16 NCHW input with the same padding index math as above, B
-// fragments come from fp16 weights laid out [tap][n (n_tiles*8)][cin_pad] by the host. Groups 1.
+// M = output pixels, N = output channels, K = taps x input channels in chunks of 16.
+// One block: NN_TC_ROWS output rows x NN_TC_COLS pixels (one row per warp, two 16-pixel
+// m-tiles) x up to NN_MMA_NT*8 channels. Per 16-channel chunk the block gathers its input tile
+// (with the halo the taps need, the Pad and the convolution's zero padding applied once per
+// element) from the NCHW fp16 input into shared memory as [row][col][NN_TC_PIX halves]: the
+// 16 channels of a pixel contiguous (padded to 48 bytes so the eight rows of an ldmatrix hit
+// distinct banks). Each tap's A fragment is then one ldmatrix.x4 (16 pixels x 16 channels at the
+// tap's offset, any stride or dilation); B fragments are one coalesced 64-bit load per lane from
+// weights the host laid out in fragment order [tap][chunk][n tile][lane][4 halves].
+#define NN_TC_PIX 24
+
+__device__ __forceinline__ unsigned int nn_smem_addr(const void* p)
+{
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
 template <typename O>
 __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 {
 #if __CUDA_ARCH__ >= 800
+    __shared__ __align__(16) unsigned short tile[NN_TC_TILE_HALVES];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int M = p->oh * p->ow;
-    const int mbase = (blockIdx.x * NN_MMA_WARPS + warp) * 16;
-    if (mbase >= M)
-        return;
-    const int nt0 = blockIdx.y * NN_MMA_NT;
+    const int oy0 = blockIdx.y * NN_TC_ROWS, ox0 = blockIdx.x * NN_TC_COLS;
+    const int nt0 = blockIdx.z * NN_MMA_NT;
     const int ntn = min(NN_MMA_NT, p->n_tiles - nt0);
-    const int npad = p->n_tiles * 8;
-    const int cin = p->cin, cin_pad = p->cin_pad;
+    const int cin = p->cin, chunks = p->cin_pad >> 4;
+    // the tile: the padded-input rows and columns the block's outputs read
+    const int rows = (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
+    const int cols = (NN_TC_COLS - 1) * p->sw + (p->kw - 1) * p->dw + 1;
+    const int py0 = oy0 * p->sh - p->conv_pt, px0 = ox0 * p->sw - p->conv_pl;
     const long long plane = (long long)p->h * p->w_in;
     const unsigned short* __restrict__ x = (const unsigned short*)p->x;
-    const unsigned short* __restrict__ wh = (const unsigned short*)p->wh;
-    int oy[2], ox[2];
-    bool valid[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int m = mbase + g + 8 * r;
-        valid[r] = m < M;
-        m = min(m, M - 1);
-        oy[r] = m / p->ow;
-        ox[r] = m - oy[r] * p->ow;
-    }
+    const uint2* __restrict__ wf = (const uint2*)p->wh;
     const unsigned short fill_bits = nn_f2h(p->pad_value);
-    float acc[NN_MMA_NT][4];
+    float acc[2][NN_MMA_NT][4];
 #pragma unroll
-    for (int n = 0; n < NN_MMA_NT; n++)
-        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int ky = 0; ky < p->kh; ky++) {
-        for (int kx = 0; kx < p->kw; kx++) {
-            long long off[2];
-            unsigned short fill[2];
+    for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                int py = oy[r] * p->sh - p->conv_pt + ky * p->dh;
-                int px = ox[r] * p->sw - p->conv_pl + kx * p->dw;
-                bool zero = py < 0 || py >= p->hp || px < 0 || px >= p->wp;
-                int iy = nn_pad_index(py - p->pad_t, p->h, p->pad_mode);
-                int ix = nn_pad_index(px - p->pad_l, p->w_in, p->pad_mode);
-                off[r] = (zero || iy < 0 || ix < 0) ? -1 : (long long)iy * p->w_in + ix;
-                fill[r] = zero ? (unsigned short)0 : fill_bits;
-            }
-            const unsigned short* wt = wh + (long long)(ky * p->kw + kx) * npad * cin_pad;
-            for (int icb = 0; icb < cin_pad; icb += 16) {
-                unsigned int a[4];
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const int r = q & 1;
-                    const int ic = icb + 2 * t + ((q >> 1) << 3);
+        for (int n = 0; n < NN_MMA_NT; n++)
+            acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+    // this lane's ldmatrix row: pixel (lane & 15) of an m-tile, channels 0-7 or 8-15
+    const unsigned int tile_base = nn_smem_addr(tile);
+    const int lane_px = (lane & 15) * p->sw;
+    const int lane_k = (lane >> 4) * 8;
+    for (int kc = 0; kc < chunks; kc++) {
+        __syncthreads(); // the previous chunk's reads are done
+        for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
+            const int r = e / cols, c = e - r * cols;
+            const int py = py0 + r, px = px0 + c;
+            const bool zero = py < 0 || py >= p->hp || px < 0 || px >= p->wp;
+            const int iy = nn_pad_index(py - p->pad_t, p->h, p->pad_mode);
+            const int ix = nn_pad_index(px - p->pad_l, p->w_in, p->pad_mode);
+            const bool inside = !zero && iy >= 0 && ix >= 0;
+            const unsigned short fill = zero ? (unsigned short)0 : fill_bits;
+            const long long off = inside ? (long long)iy * p->w_in + ix : 0;
+            unsigned int* dst = (unsigned int*)(tile + e * NN_TC_PIX);
+            if (p->rs_taps) {
+                // a folded Resize: each value from the Resize's input through its taps, rounded
+                // to fp16 as the Resize's own output would be
+                const int* ty = (const int*)p->rs_taps + 4 * (inside ? iy : 0);
+                const int* tx = (const int*)p->rs_taps + 4 * (p->h + (inside ? ix : 0));
+                const long long rplane = (long long)p->rs_h * p->rs_w;
+#pragma unroll 2
+                for (int c2 = 0; c2 < 8; c2++) {
+                    const int ic = kc * 16 + 2 * c2;
                     unsigned short lo = 0, hi = 0;
-                    if (off[r] < 0) {
-                        lo = ic < cin ? fill[r] : (unsigned short)0;
-                        hi = ic + 1 < cin ? fill[r] : (unsigned short)0;
-                    } else {
-                        if (ic < cin)
-                            lo = __ldg(x + ic * plane + off[r]);
-                        if (ic + 1 < cin)
-                            hi = __ldg(x + (ic + 1) * plane + off[r]);
-                    }
-                    a[q] = (unsigned int)lo | ((unsigned int)hi << 16);
+                    if (ic < cin)
+                        lo = inside ? nn_f2h(nn_resize_at(p->x, 1, ic * rplane, p->rs_w, ty, tx)) : fill;
+                    if (ic + 1 < cin)
+                        hi = inside ? nn_f2h(nn_resize_at(p->x, 1, (ic + 1) * rplane, p->rs_w, ty, tx))
+                                    : fill;
+                    dst[c2] = (unsigned int)lo | ((unsigned int)hi << 16);
                 }
+                continue;
+            }
 #pragma unroll
-                for (int n = 0; n < NN_MMA_NT; n++) {
-                    if (n < ntn) {
-                        const unsigned short* wn = wt + (long long)((nt0 + n) * 8 + g) * cin_pad + icb;
-                        const unsigned int b0 = __ldg((const unsigned int*)(wn + 2 * t));
-                        const unsigned int b1 = __ldg((const unsigned int*)(wn + 2 * t + 8));
-                        asm volatile(
-                            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                            : "+f"(acc[n][0]), "+f"(acc[n][1]), "+f"(acc[n][2]), "+f"(acc[n][3])
-                            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+            for (int c2 = 0; c2 < 8; c2++) {
+                const int ic = kc * 16 + 2 * c2;
+                unsigned short lo = 0, hi = 0;
+                if (ic < cin)
+                    lo = inside ? __ldg(x + ic * plane + off) : fill;
+                if (ic + 1 < cin)
+                    hi = inside ? __ldg(x + (ic + 1) * plane + off) : fill;
+                dst[c2] = (unsigned int)lo | ((unsigned int)hi << 16);
+            }
+        }
+        __syncthreads();
+        for (int ky = 0; ky < p->kh; ky++) {
+            const int trow = warp * p->sh + ky * p->dh;
+            for (int kx = 0; kx < p->kw; kx++) {
+                const int tap = ky * p->kw + kx;
+                uint2 b[NN_MMA_NT];
+                const uint2* wt = wf + ((long long)(tap * chunks + kc) * p->n_tiles + nt0) * 32 + lane;
+#pragma unroll
+                for (int n = 0; n < NN_MMA_NT; n++)
+                    if (n < ntn)
+                        b[n] = __ldg(wt + n * 32);
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    const int tcol = (m * 16) * p->sw + lane_px + kx * p->dw;
+                    const unsigned int addr =
+                        tile_base + (unsigned int)(((trow * cols + tcol) * NN_TC_PIX + lane_k) * 2);
+                    unsigned int a0, a1, a2, a3;
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                                 : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                                 : "r"(addr));
+#pragma unroll
+                    for (int n = 0; n < NN_MMA_NT; n++) {
+                        if (n < ntn) {
+                            asm volatile(
+                                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                                : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]),
+                                  "+f"(acc[m][n][3])
+                                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b[n].x), "r"(b[n].y));
+                        }
                     }
                 }
             }
         }
     }
     typename O::T* __restrict__ y = (typename O::T*)p->y;
-    const long long oplane = (long long)M;
+    const long long oplane = (long long)p->oh * p->ow;
+    const int oy = oy0 + warp;
+    if (oy >= p->oh)
+        return;
 #pragma unroll
     for (int n = 0; n < NN_MMA_NT; n++) {
         if (n >= ntn)
             continue;
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int r = q >> 1;
-            const int oc = (nt0 + n) * 8 + 2 * t + (q & 1);
-            if (!valid[r] || oc >= p->cout)
+        for (int j = 0; j < 2; j++) {
+            const int oc = (nt0 + n) * 8 + 2 * t + j;
+            if (oc >= p->cout)
                 continue;
-            float v = acc[n][q] + (p->b ? ((const float*)p->b)[oc] : 0.0f);
-            const long long m = mbase + g + 8 * r;
-            O::store(y, oc * oplane + m, nn_activate(v, p->act, p->act_a, p->act_b));
+            const float bias = p->b ? ((const float*)p->b)[oc] : 0.0f;
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int ox = ox0 + m * 16 + g + 8 * r;
+                    if (ox < p->ow)
+                        O::store(y, oc * oplane + (long long)oy * p->ow + ox,
+                                 nn_activate(acc[m][n][2 * r + j] + bias, p->act, p->act_a, p->act_b));
+                }
+            }
         }
     }
 #endif
@@ -413,7 +480,8 @@ extern "C" __global__ void nn_norm_apply(const NnNormApply* __restrict__ p)
     const long long total = (long long)p->c * p->hw;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        int c = (int)(i / p->hw);
+        // the channel by a 32-bit division when the index allows (hw < 2^31 always)
+        int c = i < 2147483647ll ? (int)((unsigned int)i / (unsigned int)p->hw) : (int)(i / p->hw);
         float m = ((const float*)p->mean)[c];
         float v = ((const float*)p->var)[c];
         float inv = 1.0f / sqrtf(v + p->eps);
@@ -488,20 +556,14 @@ __device__ __forceinline__ float nn_unary(int op, float x, float p0, float p1)
     }
 }
 
-// One thread per output element (grid-stride). Operand k of op i: ref -1 = the chain's value so
-// far, else operand table entry; each operand is broadcast to the output's 4-D shape by its
-// strides (0 along broadcast axes).
-extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
+template <typename Idx>
+__device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s)
 {
-    __shared__ NnEltwise s;
-    for (int k = threadIdx.x; k < (int)(sizeof(NnEltwise) / 4); k += blockDim.x)
-        ((int*)&s)[k] = ((const int*)p)[k];
-    __syncthreads();
-    const long long d1 = s.dims[1], d2 = s.dims[2], d3 = s.dims[3];
-    const long long total = (long long)s.dims[0] * d1 * d2 * d3;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long r = i;
+    const Idx d1 = s.dims[1], d2 = s.dims[2], d3 = s.dims[3];
+    const Idx total = (Idx)s.dims[0] * d1 * d2 * d3;
+    for (Idx i = blockIdx.x * (Idx)blockDim.x + threadIdx.x; i < total;
+         i += (Idx)gridDim.x * blockDim.x) {
+        Idx r = i;
         const int i3 = (int)(r % d3);
         r /= d3;
         const int i2 = (int)(r % d2);
@@ -532,64 +594,91 @@ extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
     }
 }
 
+// One thread per output element (grid-stride). Operand k of op i: ref -1 = the chain's value so
+// far, else operand table entry; each operand is broadcast to the output's 4-D shape by its
+// strides (0 along broadcast axes). 32-bit index math when the tensor allows (the divisions
+// dominate otherwise).
+extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
+{
+    __shared__ NnEltwise s;
+    for (int k = threadIdx.x; k < (int)(sizeof(NnEltwise) / 4); k += blockDim.x)
+        ((int*)&s)[k] = ((const int*)p)[k];
+    __syncthreads();
+    const long long total = (long long)s.dims[0] * s.dims[1] * s.dims[2] * s.dims[3];
+    if (total + (long long)gridDim.x * blockDim.x < 2147483647ll)
+        nn_eltwise_body<unsigned int>(s);
+    else
+        nn_eltwise_body<long long>(s);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Data movement
 
-// dst[dst_offset + sum(i_k * dst_strides[k])] = src[src_offset + sum(i_k * src_strides[k])]
-// over the 4-D index space dims.
-extern "C" __global__ void nn_copy(const NnCopy* __restrict__ p)
+template <typename Idx>
+__device__ __forceinline__ void nn_copy_body(const NnCopy* __restrict__ p)
 {
-    const long long d1 = p->dims[1], d2 = p->dims[2], d3 = p->dims[3];
-    const long long total = (long long)p->dims[0] * d1 * d2 * d3;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long r = i;
-        const long long i3 = r % d3;
+    const Idx d1 = p->dims[1], d2 = p->dims[2], d3 = p->dims[3];
+    const Idx total = (Idx)p->dims[0] * d1 * d2 * d3;
+    for (Idx i = blockIdx.x * (Idx)blockDim.x + threadIdx.x; i < total;
+         i += (Idx)gridDim.x * blockDim.x) {
+        Idx r = i;
+        const Idx i3 = r % d3;
         r /= d3;
-        const long long i2 = r % d2;
+        const Idx i2 = r % d2;
         r /= d2;
-        const long long i1 = r % d1;
-        const long long i0 = r / d1;
-        long long s = p->src_offset + i0 * p->src_strides[0] + i1 * p->src_strides[1] +
-                      i2 * p->src_strides[2] + i3 * p->src_strides[3];
-        long long d = p->dst_offset + i0 * p->dst_strides[0] + i1 * p->dst_strides[1] +
-                      i2 * p->dst_strides[2] + i3 * p->dst_strides[3];
+        const Idx i1 = r % d1;
+        const Idx i0 = r / d1;
+        long long s = p->src_offset + (long long)i0 * p->src_strides[0] +
+                      (long long)i1 * p->src_strides[1] + (long long)i2 * p->src_strides[2] +
+                      (long long)i3 * p->src_strides[3];
+        long long d = p->dst_offset + (long long)i0 * p->dst_strides[0] +
+                      (long long)i1 * p->dst_strides[1] + (long long)i2 * p->dst_strides[2] +
+                      (long long)i3 * p->dst_strides[3];
         nn_store(p->dst, d, p->dst_half, nn_load(p->src, s, p->src_half));
     }
+}
+
+// dst[dst_offset + sum(i_k * dst_strides[k])] = src[src_offset + sum(i_k * src_strides[k])]
+// over the 4-D index space dims (32-bit index math when the tensors allow).
+extern "C" __global__ void nn_copy(const NnCopy* __restrict__ p)
+{
+    const long long total = (long long)p->dims[0] * p->dims[1] * p->dims[2] * p->dims[3];
+    if (total + (long long)gridDim.x * blockDim.x < 2147483647ll)
+        nn_copy_body<unsigned int>(p);
+    else
+        nn_copy_body<long long>(p);
 }
 
 // Separable resize of the last two axes of [planes, in_h, in_w] to [planes, out_h, out_w]: each
 // output row and column reads two source rows/columns with the weights of the taps tables
 // (int i0, int i1, float w0, float w1 per entry, rows then columns), computed as the CPU
 // reference does (resize along H first, then W).
+template <typename Idx>
+__device__ __forceinline__ void nn_resize_body(const NnResize* __restrict__ p)
+{
+    const Idx out_w = p->out_w, out_h = p->out_h;
+    const Idx total = (Idx)p->planes * out_h * out_w;
+    const int* taps = (const int*)p->taps;
+    for (Idx i = blockIdx.x * (Idx)blockDim.x + threadIdx.x; i < total;
+         i += (Idx)gridDim.x * blockDim.x) {
+        const int ox = (int)(i % out_w);
+        const Idx r = i / out_w;
+        const int oy = (int)(r % out_h);
+        const long long plane = (long long)(r / out_h);
+        const long long base = plane * p->in_h * p->in_w;
+        const float v = nn_resize_at(p->x, p->x_half, base, p->in_w, taps + 4 * oy,
+                                     taps + 4 * (p->out_h + ox));
+        nn_store(p->y, (long long)i, p->y_half, v);
+    }
+}
+
 extern "C" __global__ void nn_resize(const NnResize* __restrict__ p)
 {
     const long long total = (long long)p->planes * p->out_h * p->out_w;
-    const int* taps = (const int*)p->taps;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int ox = (int)(i % p->out_w);
-        const long long r = i / p->out_w;
-        const int oy = (int)(r % p->out_h);
-        const long long plane = r / p->out_h;
-        const int* ty = taps + 4 * oy;
-        const int* tx = taps + 4 * (p->out_h + ox);
-        const long long base = plane * p->in_h * p->in_w;
-        float wy0 = __int_as_float(ty[2]), wy1 = __int_as_float(ty[3]);
-        float wx0 = __int_as_float(tx[2]), wx1 = __int_as_float(tx[3]);
-        // along H first (as the CPU reference), then along W
-        float a0 = nn_load(p->x, base + (long long)ty[0] * p->in_w + tx[0], p->x_half);
-        float a1 = nn_load(p->x, base + (long long)ty[0] * p->in_w + tx[1], p->x_half);
-        float b0 = a0, b1 = a1;
-        if (wy1 != 0.0f) {
-            b0 = nn_load(p->x, base + (long long)ty[1] * p->in_w + tx[0], p->x_half);
-            b1 = nn_load(p->x, base + (long long)ty[1] * p->in_w + tx[1], p->x_half);
-            a0 = wy0 * a0 + wy1 * b0;
-            a1 = wy0 * a1 + wy1 * b1;
-        }
-        float v = wx1 != 0.0f ? wx0 * a0 + wx1 * a1 : a0;
-        nn_store(p->y, i, p->y_half, v);
-    }
+    if (total + (long long)gridDim.x * blockDim.x < 2147483647ll)
+        nn_resize_body<unsigned int>(p);
+    else
+        nn_resize_body<long long>(p);
 }
 
 // Softmax of each of `rows` rows of `len` values: one block per row, three passes.

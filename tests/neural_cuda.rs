@@ -3,7 +3,8 @@
 //! models, fp16 storage at 40 dB PSNR or better on real photos, graph replay equal to eager
 //! launches, the stats hook and the device's statistics smoother as the CPU engine applies them.
 //! The real AnimeGANv3 tiny fixture is checked when present (TOONFLOW_ANIMEGAN_DIR, or
-//! /work/fixtures). `TOONFLOW_NEURAL_BENCH=1` prints per-frame times at 720p, 1080p and 4K.
+//! /work/fixtures). `TOONFLOW_NEURAL_BENCH=1` prints per-frame times at 720p, 1080p and 4K
+//! (`TOONFLOW_NEURAL_BENCH=tiny_Cute:1080p` only the rows whose model and size contain those).
 //! Without a GPU every test prints that it skipped, and why.
 
 mod common;
@@ -361,6 +362,20 @@ fn programs_cover_every_stage() {
             let stages: Vec<usize> = p.launches.iter().map(|l| l.stage).collect();
             assert!(stages.windows(2).all(|w| w[0] <= w[1]), "launch order");
             for i in 0..spec.stage_count() {
+                if p.folded_stages.contains(&i) {
+                    // a Resize folded into the next stage's tensor-core convolution
+                    assert!(half, "{}: stage {i} folded in fp32", model.name());
+                    assert!(
+                        p.launches.iter().any(|l| l.stage == i + 1
+                            && matches!(
+                                l.kernel,
+                                gsttoonflow::cuda::neural::program::Kernel::ConvMma(_)
+                            )),
+                        "{}: stage {i} folded into a stage without a tensor-core conv",
+                        model.name()
+                    );
+                    continue;
+                }
                 assert!(
                     stages.contains(&i),
                     "{}: stage {i} has no launch",
@@ -379,11 +394,13 @@ fn programs_cover_every_stage() {
                 assert!(p.arena.arena_bytes < fp32.arena.arena_bytes);
             }
             println!(
-                "{} {w}x{h} {}: {} stages, {} launches ({mma} tensor-core), arena {} B, static {} B",
+                "{} {w}x{h} {}: {} stages, {} launches ({mma} tensor-core, {} Resizes folded), \
+                 arena {} B, static {} B",
                 model.name(),
                 if half { "fp16" } else { "fp32" },
                 spec.stage_count(),
                 p.launches.len(),
+                p.folded_stages.len(),
                 p.arena.arena_bytes,
                 p.static_bytes
             );
@@ -431,14 +448,27 @@ fn speed() {
         return;
     }
     need_gpu!();
+    let filter = std::env::var("TOONFLOW_NEURAL_BENCH").unwrap_or_default();
+    let (model_filter, size_filter) = filter.split_once(':').unwrap_or(("", ""));
+    let model_filter = if model_filter == "1" {
+        ""
+    } else {
+        model_filter
+    };
     let mut models: Vec<NeuralModel> = generated().into_iter().map(|m| m.0).collect();
     models.extend(real_tiny());
-    for model in &models {
+    // the Hayao layer pattern at the real model's channel counts (32-256)
+    let hayao_class = onnx_models::hayao_like_channels([32, 64, 128, 256], "hayao_class");
+    models.push(NeuralModel::from_bytes(&encode_model(&hayao_class), "hayao_class").unwrap());
+    for model in models.iter().filter(|m| m.name().contains(model_filter)) {
         for (label, w, h) in [
             ("720p", 1280usize, 720usize),
             ("1080p", 1920, 1080),
             ("4K", 3840, 2160),
-        ] {
+        ]
+        .into_iter()
+        .filter(|s| s.0.contains(size_filter))
+        {
             let m = model.size_multiple();
             let (h, w) = (h.div_ceil(m) * m, w.div_ceil(m) * m);
             let spec = model.specialise(h, w).unwrap();
@@ -449,12 +479,16 @@ fn speed() {
                 for _ in 0..4 {
                     g.run(&input, &mut out).unwrap();
                 }
-                let n = 30;
+                // 30 frames, or fewer when a frame is slow (at least 3, about half a second)
                 let start = Instant::now();
-                for _ in 0..n {
-                    g.run_launches().unwrap();
+                let mut n = 0;
+                while n < 30 && (n < 3 || start.elapsed().as_secs_f64() < 0.5) {
+                    for _ in 0..3 {
+                        g.run_launches().unwrap();
+                    }
+                    g.synchronize().unwrap();
+                    n += 3;
                 }
-                g.synchronize().unwrap();
                 let ms = start.elapsed().as_secs_f64() * 1e3 / n as f64;
                 println!(
                     "speed {} {label} ({w}x{h}) {}: {ms:.3} ms/frame ({:.0} fps), {} launches \
@@ -534,5 +568,40 @@ fn the_element_runs_the_network_on_the_gpu() {
             d <= mean_max && max <= code_max,
             "{precision}: mean {d}, max {max}"
         );
+    }
+}
+
+/// The tensor-core weights are mma.m16n8k16 B fragments (PTX ISA: lane 4·g + t holds
+/// B[2t][g], B[2t+1][g] in its first register and B[2t+8][g], B[2t+9][g] in its second): read
+/// back that way, every (tap, input, output channel) is its weight, zero past cin and cout.
+#[test]
+fn tensor_core_weights_are_b_fragments() {
+    use gsttoonflow::cuda::neural::program::{f32_to_f16_bits, mma_weights};
+    let (cout, cin, taps) = (11usize, 19usize, 3usize);
+    let w: Vec<f32> = (0..cout * cin * taps).map(|i| i as f32 * 0.5).collect();
+    let h = mma_weights(&w, cout, cin, taps);
+    let (chunks, tiles) = (cin.div_ceil(16), cout.div_ceil(8));
+    assert_eq!(h.len(), taps * chunks * tiles * 32 * 4);
+    for tap in 0..taps {
+        for kc in 0..chunks {
+            for nt in 0..tiles {
+                let frag = &h[((tap * chunks + kc) * tiles + nt) * 128..][..128];
+                for k in 0..16 {
+                    for n in 0..8 {
+                        let t = (k % 8) / 2;
+                        let lane = 4 * n + t;
+                        let half = if k < 8 { 0 } else { 2 };
+                        let got = frag[lane * 4 + half + k % 2];
+                        let (oc, ic) = (nt * 8 + n, kc * 16 + k);
+                        let want = if oc < cout && ic < cin {
+                            f32_to_f16_bits(w[(oc * cin + ic) * taps + tap])
+                        } else {
+                            0
+                        };
+                        assert_eq!(got, want, "tap {tap} chunk {kc} tile {nt} k {k} n {n}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -25,9 +25,14 @@ use crate::neural::{NeuralError, Value};
 pub const CONV_OCB: usize = 8;
 /// Conv thread block (x along the output row, y down the rows).
 pub const CONV_BLOCK: (u32, u32) = (32, 4);
-/// Tensor-core conv: warps per block (16 output pixels each), 8-channel tiles per warp.
-pub const MMA_WARPS: u32 = 4;
+/// Tensor-core conv: a block computes TC_ROWS output rows (one warp each) of TC_COLS pixels
+/// and up to MMA_NT 8-channel tiles; its input tile (halves, TC_PIX per pixel) must fit in
+/// TC_TILE_HALVES of shared memory, else the stage takes the CUDA-core path.
+pub const TC_ROWS: u32 = 4;
+pub const TC_COLS: u32 = 32;
 pub const MMA_NT: u32 = 8;
+const TC_PIX: usize = 24;
+pub const TC_TILE_HALVES: usize = 14336;
 pub const MOMENTS_THREADS: u32 = 256;
 pub const ELEMENTWISE_THREADS: u32 = 256;
 /// Ops and operands one fused elementwise launch carries.
@@ -68,8 +73,11 @@ pub struct NnConv {
     pub w: u64,
     /// fp32 bias per output channel, or 0.
     pub b: u64,
-    /// Tensor-core path: fp16 weights [tap][n_tiles * 8][cin_pad] (else 0).
+    /// Tensor-core path: fp16 weights in B-fragment order (`mma_weights`), else 0.
     pub wh: u64,
+    /// A Resize folded into the input gather: its taps (as `NnResize::taps`, for the resized
+    /// h x w_in) and `x` is the Resize's input of rs_h x rs_w per channel; 0: no Resize.
+    pub rs_taps: u64,
     /// Tensor-core path: cin rounded up to 16, output channel tiles of 8.
     pub cin_pad: i32,
     pub n_tiles: i32,
@@ -100,6 +108,8 @@ pub struct NnConv {
     pub act: i32,
     pub act_a: f32,
     pub act_b: f32,
+    pub rs_h: i32,
+    pub rs_w: i32,
 }
 }
 
@@ -220,7 +230,9 @@ pub struct NnSoftmax {
 pub fn header() -> String {
     let defines = [
         Define::int("NN_CONV_OCB", CONV_OCB as i64),
-        Define::int("NN_MMA_WARPS", MMA_WARPS as i64),
+        Define::int("NN_TC_ROWS", TC_ROWS as i64),
+        Define::int("NN_TC_COLS", TC_COLS as i64),
+        Define::int("NN_TC_TILE_HALVES", TC_TILE_HALVES as i64),
         Define::int("NN_MMA_NT", MMA_NT as i64),
         Define::int("NN_EW_ADD", EW_ADD),
         Define::int("NN_EW_SUB", EW_SUB),
@@ -340,10 +352,10 @@ pub struct StatsPlace {
     pub channels: usize,
 }
 
-/// Tensor cores with `TOONFLOW_NEURAL_MMA=1` (the executor uses them on sm_80+ only): off by
-/// default until the path has been measured on a GPU (tests/neural_cuda.rs checks both).
+/// Tensor cores for fp16 convolutions unless `TOONFLOW_NEURAL_MMA=0` (the executor uses them
+/// on sm_80+ only; tests/neural_cuda.rs checks both paths).
 pub fn tensor_cores_default() -> bool {
-    std::env::var("TOONFLOW_NEURAL_MMA").is_ok_and(|v| v == "1")
+    std::env::var("TOONFLOW_NEURAL_MMA").map_or(true, |v| v != "0")
 }
 
 /// Storage of each stage's outputs: fp16 (`true`) or fp32, and whether convolutions reading
@@ -389,6 +401,8 @@ pub struct Program {
     pub stage_outputs: Vec<Vec<Place>>,
     /// Bytes of weights and constants in the static block.
     pub weight_bytes: u64,
+    /// Stages with no launch of their own: Resizes folded into the next stage's convolution.
+    pub folded_stages: Vec<usize>,
 }
 
 fn aligned(b: u64) -> u64 {
@@ -494,6 +508,75 @@ fn contiguous_strides(d: &[usize; 4]) -> [i64; 4] {
     ]
 }
 
+/// Whether a convolution's input tile (TC_ROWS x TC_COLS outputs and the halo its taps read)
+/// fits the tensor-core kernel's shared memory.
+fn tc_tile_fits(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> bool {
+    let rows = (TC_ROWS as usize - 1) * stride.0 as usize + (k.0 - 1) * dil.0 as usize + 1;
+    let cols = (TC_COLS as usize - 1) * stride.1 as usize + (k.1 - 1) * dil.1 as usize + 1;
+    rows * cols * TC_PIX <= TC_TILE_HALVES
+}
+
+/// The Conv node of a conv stage and its (kernel, strides, dilations, groups), when its weights
+/// are constant.
+type ConvGeometry = ((usize, usize), (i64, i64), (i64, i64), usize);
+
+fn conv_geometry(l: &Lowered, s: &Stage) -> Option<ConvGeometry> {
+    let conv = s.nodes.iter().find(|n| n.op_type == "Conv")?;
+    let wt = const_floats(l, conv.input.get(1)?)?;
+    let ints = |name: &str| conv.attr(name).map_or(vec![1, 1], |a| a.ints.clone());
+    let (st, dil) = (ints("strides"), ints("dilations"));
+    if wt.shape.len() != 4 || st.len() != 2 || dil.len() != 2 {
+        return None;
+    }
+    let groups = conv.attr("group").map_or(1, |a| a.i.max(1) as usize);
+    Some((
+        (wt.shape[2], wt.shape[3]),
+        (st[0], st[1]),
+        (dil[0], dil[1]),
+        groups,
+    ))
+}
+
+/// Resize stages folded into the convolution of the stage right after them (conv stage →
+/// Resize stage): the Resize's output has that one reader, as the convolution's input (before
+/// its Pad), both tensors are fp16 and the convolution runs on tensor cores. The resized tensor
+/// is then never written: the convolution gathers its input tile through the Resize's taps.
+fn fused_resizes(
+    l: &Lowered,
+    storage: &Storage,
+    half_of: &HashMap<String, bool>,
+) -> HashMap<usize, usize> {
+    let mut fused = HashMap::new();
+    if !storage.tensor_cores {
+        return fused;
+    }
+    for (i, s) in l.stages.iter().enumerate() {
+        let is_resize = s.kind == StageKind::Op
+            && s.nodes.len() == 1
+            && matches!(s.nodes[0].op_type.as_str(), "Resize" | "Upsample");
+        let (Some(out), Some(next)) = (s.outputs.first(), l.stages.get(i + 1)) else {
+            continue;
+        };
+        if !is_resize || s.outputs.len() != 1 || *out == l.output || next.kind != StageKind::Conv {
+            continue;
+        }
+        let readers = l
+            .stages
+            .iter()
+            .filter(|r| r.inputs.iter().any(|v| v == out))
+            .count();
+        let conv_input = next.nodes.first().and_then(|n| n.input.first());
+        let halves =
+            half_of.get(out) == Some(&true) && half_of.get(&s.nodes[0].input[0]) == Some(&true);
+        let on_tensor_cores = conv_geometry(l, next)
+            .is_some_and(|(k, st, dil, groups)| groups == 1 && tc_tile_fits(k, st, dil));
+        if readers == 1 && conv_input == Some(out) && halves && on_tensor_cores {
+            fused.insert(i + 1, i);
+        }
+    }
+    fused
+}
+
 /// Builds the program of `spec` with `storage`, at the given bases (0, 0 to size it).
 pub fn build(
     spec: &Specialised,
@@ -539,6 +622,18 @@ pub fn build(
     }
     let last_stage = n_stages.saturating_sub(1) as u32;
     last_use.insert(l.output.as_str(), last_stage);
+    // a folded Resize's input lives until its convolution reads it; its output is not stored
+    let fused = fused_resizes(l, storage, &half_of);
+    let mut not_stored: HashMap<&str, ()> = HashMap::new();
+    for (&conv, &resize) in &fused {
+        let r = &l.stages[resize];
+        let input = r.nodes[0].input[0].as_str();
+        let until = last_use
+            .get(input)
+            .map_or(conv as u32, |&x| x.max(conv as u32));
+        last_use.insert(input, until);
+        not_stored.insert(r.outputs[0].as_str(), ());
+    }
     let bytes_of = |v: &str| elements(v) * if half_of.get(v) == Some(&true) { 2 } else { 4 };
     let last = |v: &str, first: u32| {
         last_use
@@ -554,7 +649,7 @@ pub fn build(
     }];
     for (i, s) in l.stages.iter().enumerate() {
         for o in &s.outputs {
-            if stat_values.contains_key(o) {
+            if stat_values.contains_key(o) || not_stored.contains_key(o.as_str()) {
                 continue;
             }
             requests.push(BufferRequest {
@@ -677,8 +772,19 @@ pub fn build(
                 let pad = (conv_at > 0).then(|| &s.nodes[0]);
                 let act_node = s.nodes.get(conv_at + 1);
                 let x_name = pad.map_or(&conv.input[0], |p| &p.input[0]);
-                let x = place(&places, &mut st, x_name)?;
                 let xs = l.shapes.get(x_name).cloned().unwrap_or_default();
+                // a folded Resize: read its input through its taps
+                let (x, resize) = match fused.get(&i) {
+                    Some(&r) => {
+                        let rn = &l.stages[r].nodes[0];
+                        let rs = l.shapes[&rn.input[0]].clone();
+                        let taps =
+                            resize_taps(l, rn, &rs, &xs).map_err(|m| unsupported(r, s, m))?;
+                        let taps = st.put(bytemuck::cast_slice(&taps));
+                        (place(&places, &mut st, &rn.input[0])?, Some((taps, rs)))
+                    }
+                    None => (place(&places, &mut st, x_name)?, None),
+                };
                 let out = s
                     .outputs
                     .first()
@@ -806,23 +912,26 @@ pub fn build(
                     other => activation(other)?,
                 };
                 let (act, act_a, act_b) = act_code(act);
-                // tensor cores when the input is fp16 and there is one group (K is padded to
-                // 16 channels: a 3-channel 7x7 stem wastes 5/16 of the math and still wins)
-                let mma = storage.tensor_cores && x.half && groups == 1;
+                // tensor cores when the input is fp16, there is one group and the block's input
+                // tile fits (K is padded to 16 channels: a 3-channel 7x7 stem wastes 13/16 of
+                // the math and still wins)
+                let mma = storage.tensor_cores
+                    && x.half
+                    && groups == 1
+                    && tc_tile_fits((kh, kw), (sh, sw), (dh, dw));
+                debug_assert!(
+                    mma || resize.is_none(),
+                    "a folded Resize needs tensor cores"
+                );
                 let cin_pad = cin.div_ceil(16) * 16;
                 let n_tiles = cout.div_ceil(8);
                 let wh = if mma {
-                    let npad = n_tiles * 8;
-                    let mut h = vec![0u16; kh * kw * npad * cin_pad];
-                    for oc in 0..cout {
-                        for ic in 0..cin {
-                            for t in 0..kh * kw {
-                                h[(t * npad + oc) * cin_pad + ic] =
-                                    f32_to_f16_bits(wt.data[(oc * cin + ic) * kh * kw + t]);
-                            }
-                        }
-                    }
-                    st.put(bytemuck::cast_slice(&h))
+                    st.put(bytemuck::cast_slice(&mma_weights(
+                        &wt.data,
+                        cout,
+                        cin,
+                        kh * kw,
+                    )))
                 } else {
                     0
                 };
@@ -832,6 +941,7 @@ pub fn build(
                     w: w_addr,
                     b: b_addr,
                     wh,
+                    rs_taps: resize.as_ref().map_or(0, |r| r.0),
                     cin_pad: cin_pad as i32,
                     n_tiles: n_tiles as i32,
                     cin: cin as i32,
@@ -858,19 +968,20 @@ pub fn build(
                     act,
                     act_a,
                     act_b,
+                    rs_h: resize.as_ref().map_or(0, |r| r.1[2] as i32),
+                    rs_w: resize.as_ref().map_or(0, |r| r.1[3] as i32),
                 };
                 if mma {
-                    let m = (ys[2] * ys[3]) as u32;
                     let grid = (
-                        m.div_ceil(16 * MMA_WARPS),
+                        (ys[3] as u32).div_ceil(TC_COLS),
+                        (ys[2] as u32).div_ceil(TC_ROWS),
                         (n_tiles as u32).div_ceil(MMA_NT),
-                        1,
                     );
                     blocks.push((
                         Kernel::ConvMma(y.half),
                         bytemuck::bytes_of(&p).to_vec(),
                         grid,
-                        (32 * MMA_WARPS, 1, 1),
+                        (32 * TC_ROWS, 1, 1),
                         i,
                     ));
                 } else {
@@ -1109,6 +1220,9 @@ pub fn build(
                     i,
                 ));
             }
+            StageKind::Op if fused.values().any(|&r| r == i) => {
+                // a Resize folded into the next stage's convolution
+            }
             StageKind::Op => {
                 let n = &s.nodes[0];
                 let out = n.output[0].clone();
@@ -1302,7 +1416,10 @@ pub fn build(
                 .collect()
         })
         .collect();
+    let mut folded_stages: Vec<usize> = fused.values().copied().collect();
+    folded_stages.sort_unstable();
     Ok(Program {
+        folded_stages,
         stage_outputs,
         arena,
         static_bytes,
@@ -1415,6 +1532,36 @@ fn resize_taps(l: &Lowered, n: &NodeProto, xs: &[usize], ys: &[usize]) -> Result
 }
 
 /// IEEE half bits of `v`, rounded to nearest even (overflow to infinity).
+/// Convolution weights `[cout][cin][taps]` (f32) as fp16 B fragments of mma.m16n8k16 in the
+/// order the tensor-core kernel reads them: `[tap][16-channel chunk][8-channel tile][lane][4]`,
+/// lane = 4·n + t holding (k 2t, 2t+1) then (k 2t+8, 2t+9) of output channel n; zero past cin
+/// and cout.
+pub fn mma_weights(w: &[f32], cout: usize, cin: usize, taps: usize) -> Vec<u16> {
+    let (chunks, n_tiles) = (cin.div_ceil(16), cout.div_ceil(8));
+    let mut h = vec![0u16; taps * chunks * n_tiles * 32 * 4];
+    for tap in 0..taps {
+        for kc in 0..chunks {
+            for nt in 0..n_tiles {
+                for lane in 0..32 {
+                    let (n, t) = (lane / 4, lane % 4);
+                    let oc = nt * 8 + n;
+                    for (j, k) in [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let ic = kc * 16 + k;
+                        if oc < cout && ic < cin {
+                            h[(((tap * chunks + kc) * n_tiles + nt) * 32 + lane) * 4 + j] =
+                                f32_to_f16_bits(w[(oc * cin + ic) * taps + tap]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    h
+}
+
 pub fn f32_to_f16_bits(v: f32) -> u16 {
     let b = v.to_bits();
     let sign = ((b >> 16) & 0x8000) as u16;
