@@ -218,23 +218,23 @@ mod tests {
     fn only_plain_system_memory_pools_of_downstream_are_kept() {
         gst::init().unwrap();
         let video = gst_video::VideoBufferPool::new().upcast::<gst::BufferPool>();
-        assert!(is_system_memory_pool(&video, &*query_with(&video)));
+        assert!(is_system_memory_pool(&video, &query_with(&video)));
         let plain = gst::BufferPool::new();
-        assert!(is_system_memory_pool(&plain, &*query_with(&plain)));
+        assert!(is_system_memory_pool(&plain, &query_with(&plain)));
         // A pool of another kind (here toonflow's own type stands for a sink's special pool).
         let special = glib::Object::new::<PinnedPool>().upcast::<gst::BufferPool>();
-        assert!(!is_system_memory_pool(&special, &*query_with(&special)));
+        assert!(!is_system_memory_pool(&special, &query_with(&special)));
         // A video pool whose memory comes from another allocator.
         let mut query = query_with(&video);
         let other = glib::Object::new::<PinnedAllocatorStandIn>().upcast::<gst::Allocator>();
         query.add_allocation_param(Some(&other), gst::AllocationParams::default());
-        assert!(!is_system_memory_pool(&video, &*query));
+        assert!(!is_system_memory_pool(&video, &query));
         let mut query = query_with(&video);
         query.add_allocation_param(
             gst::Allocator::find(Some("SystemMemory")).as_ref(),
             gst::AllocationParams::default(),
         );
-        assert!(is_system_memory_pool(&video, &*query));
+        assert!(is_system_memory_pool(&video, &query));
     }
 
     /// An allocator that is not the system memory one.
