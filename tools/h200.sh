@@ -3,8 +3,8 @@
 #   here:   tools/h200.sh --pack        builds .gpu/ (tools/gpu-bundle.sh: plugin, tests, bench,
 #                                       GStreamer runtime, frei0r's cartoon filter)
 #   there:  source .gpu/env.sh && tools/h200.sh <step...>
-#           steps: parity fast-parity report fast-report element faults soak bench neural-bench
-#                  peer stats sanitize
+#           steps: parity fast-parity report fast-report element faults soak bench real
+#                  neural-bench peer stats sanitize
 # Writes logs under $OUT when set.
 set -uo pipefail
 if [ "${1:-}" = "--pack" ]; then
@@ -40,6 +40,10 @@ for step in "$@"; do
         soak) TOONFLOW_TEST_BACKEND=cuda .gpu/tests/hardening-* --nocapture soak 2>&1 | tee -a "$out/soak.log" | grep -E "soak|result|panicked" || rc=1 ;;
         bench) .gpu/bin/toonflow-bench --sizes 720p,1080p,1440p,4k --modes cuda-eager,cuda-graph,frei0r \
                    --precisions fp16,fp32 --frames 2000 --cpu-frames 3 --reps 3 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || rc=1 ;;
+        real) # issue 12: the pipelines people run, density, host-copy paths (1080p)
+            .gpu/bin/toonflow-bench --sizes 1080p --precisions fp16 --frames 1000 --reps 3 \
+                --modes videotestsrc,rawvideoparse,appsrc-pinned,appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,density,host-copies \
+                --json "$out/real.json" 2>&1 | grep -v XDG_RUNTIME | tee "$out/real.txt" || rc=1 ;;
         peer) # the PyTorch peer on the generated Hayao-class model and TOONFLOW_PEER_MODELS
             python3 tools/peers/torch_peer.py $(neural_models) \
                 --json "$out/peer.jsonl" 2>&1 | tee "$out/peer.txt" || rc=1 ;;

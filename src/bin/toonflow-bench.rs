@@ -4,6 +4,10 @@
 //! frame and device memory; frei0r's cartoon filter runs on the same frames as the CPU peer.
 //! Warm-up frames are excluded; each configuration is repeated and the median reported.
 //!
+//! The real-pipeline modes (real.rs: videotestsrc, rawvideoparse, appsrc-pinned/-pageable/-fresh,
+//! nvh264dec, nvh264dec-cudadownload, nvh264dec-cuda, density, host-copies) feed the CUDA element
+//! the way real upstream elements do and time it at its own pads (issue 12).
+//!
 //! `--model PATH` benchmarks the neural stage instead: the same frames through `toonflow
 //! model=PATH` on the CPU reference (`cpu`: a few frames, it is slow) and on CUDA
 //! (`cuda-eager`, `cuda-graph`, with `--precisions`), at 720p, 1080p and 4K unless `--sizes`

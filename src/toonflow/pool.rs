@@ -158,6 +158,20 @@ pub fn offer_upstream(
     )))
 }
 
+/// Whether `pool` hands out plain system memory, which can be registered with the driver: a
+/// generic or video buffer pool with the default allocator (special pools, e.g. a sink's shared
+/// memory or dmabuf pool, are replaced by the pinned pool as before).
+fn is_system_memory_pool(pool: &gst::BufferPool, query: &gst::query::Allocation) -> bool {
+    let plain = pool.type_() == gst::BufferPool::static_type()
+        || pool.type_() == gst_video::VideoBufferPool::static_type();
+    let sysmem = gst::Allocator::find(Some("SystemMemory"));
+    let default_allocator = query
+        .allocation_params()
+        .next()
+        .is_none_or(|(allocator, _)| allocator.is_none_or(|a| Some(&a) == sysmem.as_ref()));
+    plain && default_allocator
+}
+
 /// decide_allocation: output buffers from downstream's own pool when it brings one (videoconvert
 /// does: its buffers are registered with the driver on reuse, see hostmem.rs), otherwise from a
 /// pinned pool (x264enc, fakesink, appsink bring none). Returns the line to log at debug level
@@ -169,7 +183,9 @@ pub fn use_for_output(
     let (Some(caps), _) = query.get_owned() else {
         return Ok(None);
     };
-    if let Some((Some(_), size, min, _)) = query.allocation_pools().next() {
+    if let Some((Some(pool), size, min, _)) = query.allocation_pools().next()
+        && is_system_memory_pool(&pool, query)
+    {
         return Ok(Some(format!(
             "output buffers from downstream's pool ({size} bytes, min {min}), registered on reuse"
         )));
@@ -181,4 +197,68 @@ pub fn use_for_output(
     Ok(Some(format!(
         "output buffers from a pinned pool ({size} bytes, min {min})"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query_with(pool: &gst::BufferPool) -> gst::query::Allocation<gst::Query> {
+        let caps = gst_video::VideoInfo::builder(gst_video::VideoFormat::Nv12, 64, 32)
+            .build()
+            .unwrap()
+            .to_caps()
+            .unwrap();
+        let mut query = gst::query::Allocation::new(Some(&caps), true);
+        query.add_allocation_pool(Some(pool), 3072, 2, 0);
+        query
+    }
+
+    #[test]
+    fn only_plain_system_memory_pools_of_downstream_are_kept() {
+        gst::init().unwrap();
+        let video = gst_video::VideoBufferPool::new().upcast::<gst::BufferPool>();
+        assert!(is_system_memory_pool(&video, &query_with(&video)));
+        let plain = gst::BufferPool::new();
+        assert!(is_system_memory_pool(&plain, &query_with(&plain)));
+        // A pool of another kind (here toonflow's own type stands for a sink's special pool).
+        let special = glib::Object::new::<PinnedPool>().upcast::<gst::BufferPool>();
+        assert!(!is_system_memory_pool(&special, &query_with(&special)));
+        // A video pool whose memory comes from another allocator.
+        let mut query = query_with(&video);
+        let other = glib::Object::new::<PinnedAllocatorStandIn>().upcast::<gst::Allocator>();
+        query.add_allocation_param(Some(&other), gst::AllocationParams::default());
+        assert!(!is_system_memory_pool(&video, &query));
+        let mut query = query_with(&video);
+        query.add_allocation_param(
+            gst::Allocator::find(Some("SystemMemory")).as_ref(),
+            gst::AllocationParams::default(),
+        );
+        assert!(is_system_memory_pool(&video, &query));
+    }
+
+    /// An allocator that is not the system memory one.
+    mod stand_in {
+        use super::*;
+
+        #[derive(Default)]
+        pub struct PinnedAllocatorStandIn;
+
+        #[glib::object_subclass]
+        impl ObjectSubclass for PinnedAllocatorStandIn {
+            const NAME: &'static str = "GstToonflowTestAllocator";
+            type Type = super::PinnedAllocatorStandIn;
+            type ParentType = gst::Allocator;
+        }
+
+        impl ObjectImpl for PinnedAllocatorStandIn {}
+        impl GstObjectImpl for PinnedAllocatorStandIn {}
+        // SAFETY: the default alloc/free are kept; the test never allocates with it.
+        unsafe impl AllocatorImpl for PinnedAllocatorStandIn {}
+    }
+
+    glib::wrapper! {
+        pub struct PinnedAllocatorStandIn(ObjectSubclass<stand_in::PinnedAllocatorStandIn>)
+            @extends gst::Allocator, gst::Object;
+    }
 }
