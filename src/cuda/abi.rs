@@ -18,7 +18,8 @@ pub const BILATERAL_BLOCK: (u32, u32) = (64, 4);
 /// a block covers 32 columns × 32 rows from one shared column tile (its halo shared by 32 rows).
 pub const BILATERAL_Y_BLOCK: (u32, u32) = (32, 8);
 pub const BILATERAL_Y_ROWS: u32 = 4;
-/// Threads of the single `tf_analyze` block (a power of two: the kernel reduces by halving).
+/// Threads of the single `tf_analyze` block (a power of two: the kernel reduces by halving). Its
+/// thumbnail loop waits on memory, so more threads mean fewer trips (2304 cells: 3 per thread).
 pub const ANALYZE_THREADS: u32 = 1024;
 
 /// Where [`TfControl`] sits inside the parameter buffer, after [`ToonParams`].
