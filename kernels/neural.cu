@@ -223,9 +223,10 @@ __device__ __forceinline__ void nn_conv_body(const NnConv* __restrict__ p)
 // Tensor-core convolution (sm_80+): implicit GEMM with mma.sync m16n8k16 (f16 x f16 -> f32).
 // M = output pixels, N = output channels, K = taps x input channels in chunks of 16.
 // One block: NN_TC_ROWS output rows x NN_TC_COLS pixels (one row per warp, two 16-pixel
-// m-tiles) x up to NN_MMA_NT*8 channels. Per 16-channel chunk the block gathers its input tile
+// m-tiles) x NT*8 channels (NT = 1, 2, 4, 8: no accumulators for channels a layer lacks). Per 16-channel chunk the block gathers its input tile
 // (with the halo the taps need, the Pad and the convolution's zero padding applied once per
-// element) from the NCHW fp16 input into shared memory as [row][col][NN_TC_PIX halves]: the
+// element) from the NCHW fp16 input into dynamic shared memory (sized by the host to the tile,
+// so small tiles let more blocks share an SM) as [row][col][NN_TC_PIX halves]: the
 // 16 channels of a pixel contiguous (padded to 48 bytes so the eight rows of an ldmatrix hit
 // distinct banks). Each tap's A fragment is then one ldmatrix.x4 (16 pixels x 16 channels at the
 // tap's offset, any stride or dilation); B fragments are one coalesced 64-bit load per lane from
@@ -239,16 +240,16 @@ __device__ __forceinline__ unsigned int nn_smem_addr(const void* p)
     return a;
 }
 
-template <typename O>
+template <typename O, int NT>
 __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) unsigned short tile[NN_TC_TILE_HALVES];
+    extern __shared__ __align__(16) unsigned short tile[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int oy0 = blockIdx.y * NN_TC_ROWS, ox0 = blockIdx.x * NN_TC_COLS;
-    const int nt0 = blockIdx.z * NN_MMA_NT;
-    const int ntn = min(NN_MMA_NT, p->n_tiles - nt0);
+    const int nt0 = blockIdx.z * NT;
+    const int ntn = min(NT, p->n_tiles - nt0);
     const int cin = p->cin, chunks = p->cin_pad >> 4;
     // the tile: the padded-input rows and columns the block's outputs read
     const int rows = (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
@@ -258,11 +259,11 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const unsigned short* __restrict__ x = (const unsigned short*)p->x;
     const uint2* __restrict__ wf = (const uint2*)p->wh;
     const unsigned short fill_bits = nn_f2h(p->pad_value);
-    float acc[2][NN_MMA_NT][4];
+    float acc[2][NT][4];
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
-        for (int n = 0; n < NN_MMA_NT; n++)
+        for (int n = 0; n < NT; n++)
             acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
     // this lane's ldmatrix row: pixel (lane & 15) of an m-tile, channels 0-7 or 8-15
     const unsigned int tile_base = nn_smem_addr(tile);
@@ -315,10 +316,10 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             const int trow = warp * p->sh + ky * p->dh;
             for (int kx = 0; kx < p->kw; kx++) {
                 const int tap = ky * p->kw + kx;
-                uint2 b[NN_MMA_NT];
+                uint2 b[NT];
                 const uint2* wt = wf + ((long long)(tap * chunks + kc) * p->n_tiles + nt0) * 32 + lane;
 #pragma unroll
-                for (int n = 0; n < NN_MMA_NT; n++)
+                for (int n = 0; n < NT; n++)
                     if (n < ntn)
                         b[n] = __ldg(wt + n * 32);
 #pragma unroll
@@ -331,7 +332,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                                  : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
                                  : "r"(addr));
 #pragma unroll
-                    for (int n = 0; n < NN_MMA_NT; n++) {
+                    for (int n = 0; n < NT; n++) {
                         if (n < ntn) {
                             asm volatile(
                                 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -351,7 +352,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     if (oy >= p->oh)
         return;
 #pragma unroll
-    for (int n = 0; n < NN_MMA_NT; n++) {
+    for (int n = 0; n < NT; n++) {
         if (n >= ntn)
             continue;
 #pragma unroll
@@ -375,8 +376,14 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 #endif
 }
 
-extern "C" __global__ void nn_conv_mma_hf(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32>(p); }
-extern "C" __global__ void nn_conv_mma_hh(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16>(p); }
+extern "C" __global__ void nn_conv_mma_hf_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1>(p); }
+extern "C" __global__ void nn_conv_mma_hf_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2>(p); }
+extern "C" __global__ void nn_conv_mma_hf_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4>(p); }
+extern "C" __global__ void nn_conv_mma_hf_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8>(p); }
+extern "C" __global__ void nn_conv_mma_hh_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1>(p); }
+extern "C" __global__ void nn_conv_mma_hh_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2>(p); }
+extern "C" __global__ void nn_conv_mma_hh_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4>(p); }
+extern "C" __global__ void nn_conv_mma_hh_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8>(p); }
 
 extern "C" __global__ void nn_conv_ff(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF32>(p); }
 extern "C" __global__ void nn_conv_fh(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF16>(p); }
@@ -556,13 +563,16 @@ __device__ __forceinline__ float nn_unary(int op, float x, float p0, float p1)
     }
 }
 
-template <typename Idx>
+// V consecutive elements along the last axis per thread (V = 4 when that axis allows it): the
+// index decomposition, operand offsets and the op dispatch are paid once per V values.
+template <typename Idx, int V>
 __device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s)
 {
     const Idx d1 = s.dims[1], d2 = s.dims[2], d3 = s.dims[3];
-    const Idx total = (Idx)s.dims[0] * d1 * d2 * d3;
-    for (Idx i = blockIdx.x * (Idx)blockDim.x + threadIdx.x; i < total;
-         i += (Idx)gridDim.x * blockDim.x) {
+    const Idx total = (Idx)s.dims[0] * d1 * d2 * d3 / V;
+    for (Idx iv = blockIdx.x * (Idx)blockDim.x + threadIdx.x; iv < total;
+         iv += (Idx)gridDim.x * blockDim.x) {
+        const Idx i = iv * V;
         Idx r = i;
         const int i3 = (int)(r % d3);
         r /= d3;
@@ -570,34 +580,47 @@ __device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s)
         r /= d2;
         const int i1 = (int)(r % d1);
         const int i0 = (int)(r / d1);
-        float cur = 0.0f;
+        float cur[V];
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            cur[j] = 0.0f;
         for (int o = 0; o < s.n_ops; o++) {
-            float v[2];
+            const int code = s.op_code[o];
+            const bool unary = code >= NN_EW_FIRST_UNARY;
+            float v[2][V];
+#pragma unroll
             for (int k = 0; k < 2; k++) {
-                int ref = k == 0 ? s.op_a[o] : s.op_b[o];
+                if (k == 1 && unary)
+                    break;
+                const int ref = k == 0 ? s.op_a[o] : s.op_b[o];
                 if (ref < 0) {
-                    v[k] = cur;
+#pragma unroll
+                    for (int j = 0; j < V; j++)
+                        v[k][j] = cur[j];
                 } else {
                     const int* st = s.strides + 4 * ref;
-                    long long at = (long long)i0 * st[0] + (long long)i1 * st[1] +
-                                   (long long)i2 * st[2] + (long long)i3 * st[3];
-                    v[k] = nn_load(s.operand[ref], at, s.operand_half[ref]);
+                    const long long at = (long long)i0 * st[0] + (long long)i1 * st[1] +
+                                         (long long)i2 * st[2] + (long long)i3 * st[3];
+#pragma unroll
+                    for (int j = 0; j < V; j++)
+                        v[k][j] = nn_load(s.operand[ref], at + (long long)j * st[3], s.operand_half[ref]);
                 }
-                if (s.op_code[o] >= NN_EW_FIRST_UNARY)
-                    break;
             }
-            cur = s.op_code[o] >= NN_EW_FIRST_UNARY
-                      ? nn_unary(s.op_code[o], v[0], s.op_p0[o], s.op_p1[o])
-                      : nn_binary(s.op_code[o], v[0], v[1]);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                cur[j] = unary ? nn_unary(code, v[0][j], s.op_p0[o], s.op_p1[o])
+                               : nn_binary(code, v[0][j], v[1][j]);
         }
-        nn_store(s.y, i, s.y_half, cur);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            nn_store(s.y, (long long)i + j, s.y_half, cur[j]);
     }
 }
 
-// One thread per output element (grid-stride). Operand k of op i: ref -1 = the chain's value so
-// far, else operand table entry; each operand is broadcast to the output's 4-D shape by its
-// strides (0 along broadcast axes). 32-bit index math when the tensor allows (the divisions
-// dominate otherwise).
+// A fused chain of elementwise operators over a 4-D output (grid-stride). Operand k of op i:
+// ref -1 = the chain's value so far, else operand table entry; each operand is broadcast to the
+// output's 4-D shape by its strides (0 along broadcast axes). 32-bit index math when the tensor
+// allows (the divisions dominate otherwise).
 extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
 {
     __shared__ NnEltwise s;
@@ -605,10 +628,17 @@ extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
         ((int*)&s)[k] = ((const int*)p)[k];
     __syncthreads();
     const long long total = (long long)s.dims[0] * s.dims[1] * s.dims[2] * s.dims[3];
-    if (total + (long long)gridDim.x * blockDim.x < 2147483647ll)
-        nn_eltwise_body<unsigned int>(s);
-    else
-        nn_eltwise_body<long long>(s);
+    const bool small = total + (long long)gridDim.x * blockDim.x < 2147483647ll;
+    if (s.dims[3] % NN_EW_VEC == 0) {
+        if (small)
+            nn_eltwise_body<unsigned int, NN_EW_VEC>(s);
+        else
+            nn_eltwise_body<long long, NN_EW_VEC>(s);
+    } else if (small) {
+        nn_eltwise_body<unsigned int, 1>(s);
+    } else {
+        nn_eltwise_body<long long, 1>(s);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

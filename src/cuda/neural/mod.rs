@@ -342,7 +342,7 @@ impl NeuralGpu {
             let cfg = LaunchConfig {
                 grid_dim: l.grid,
                 block_dim: l.block,
-                shared_mem_bytes: 0,
+                shared_mem_bytes: l.shared,
             };
             // SAFETY: every kernel of neural.cu takes one pointer to its parameter block, which
             // `program::build` wrote into the static block at `l.params` with the addresses of

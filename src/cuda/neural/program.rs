@@ -38,6 +38,8 @@ pub const ELEMENTWISE_THREADS: u32 = 256;
 /// Ops and operands one fused elementwise launch carries.
 pub const EW_MAX_OPS: usize = 16;
 pub const EW_MAX_OPERANDS: usize = 8;
+/// Elements one elementwise thread computes along the last axis (when it divides that axis).
+pub const EW_VEC: usize = 4;
 
 // Elementwise opcodes (binary first, then unary from NN_EW_FIRST_UNARY).
 const EW_ADD: i32 = 1;
@@ -232,8 +234,7 @@ pub fn header() -> String {
         Define::int("NN_CONV_OCB", CONV_OCB as i64),
         Define::int("NN_TC_ROWS", TC_ROWS as i64),
         Define::int("NN_TC_COLS", TC_COLS as i64),
-        Define::int("NN_TC_TILE_HALVES", TC_TILE_HALVES as i64),
-        Define::int("NN_MMA_NT", MMA_NT as i64),
+        Define::int("NN_EW_VEC", EW_VEC as i64),
         Define::int("NN_EW_ADD", EW_ADD),
         Define::int("NN_EW_SUB", EW_SUB),
         Define::int("NN_EW_MUL", EW_MUL),
@@ -279,8 +280,9 @@ pub fn header() -> String {
 pub enum Kernel {
     /// Convolution with (input half, output half).
     Conv(bool, bool),
-    /// Tensor-core convolution (fp16 input) with output half.
-    ConvMma(bool),
+    /// Tensor-core convolution (fp16 input) with output half and 8-channel tiles per block
+    /// (1, 2, 4 or 8: the accumulators a thread holds).
+    ConvMma(bool, u8),
     Moments,
     NormApply,
     Eltwise,
@@ -296,8 +298,14 @@ impl Kernel {
             Kernel::Conv(false, true) => "nn_conv_fh",
             Kernel::Conv(true, false) => "nn_conv_hf",
             Kernel::Conv(true, true) => "nn_conv_hh",
-            Kernel::ConvMma(false) => "nn_conv_mma_hf",
-            Kernel::ConvMma(true) => "nn_conv_mma_hh",
+            Kernel::ConvMma(false, 1) => "nn_conv_mma_hf_1",
+            Kernel::ConvMma(false, 2) => "nn_conv_mma_hf_2",
+            Kernel::ConvMma(false, 4) => "nn_conv_mma_hf_4",
+            Kernel::ConvMma(false, _) => "nn_conv_mma_hf_8",
+            Kernel::ConvMma(true, 1) => "nn_conv_mma_hh_1",
+            Kernel::ConvMma(true, 2) => "nn_conv_mma_hh_2",
+            Kernel::ConvMma(true, 4) => "nn_conv_mma_hh_4",
+            Kernel::ConvMma(true, _) => "nn_conv_mma_hh_8",
             Kernel::Moments => "nn_moments",
             Kernel::NormApply => "nn_norm_apply",
             Kernel::Eltwise => "nn_eltwise",
@@ -309,9 +317,15 @@ impl Kernel {
 }
 
 /// Every kernel of kernels/neural.cu, by name.
-pub const KERNEL_NAMES: [&str; 12] = [
-    "nn_conv_mma_hf",
-    "nn_conv_mma_hh",
+pub const KERNEL_NAMES: [&str; 18] = [
+    "nn_conv_mma_hf_1",
+    "nn_conv_mma_hf_2",
+    "nn_conv_mma_hf_4",
+    "nn_conv_mma_hf_8",
+    "nn_conv_mma_hh_1",
+    "nn_conv_mma_hh_2",
+    "nn_conv_mma_hh_4",
+    "nn_conv_mma_hh_8",
     "nn_conv_ff",
     "nn_conv_fh",
     "nn_conv_hf",
@@ -331,6 +345,8 @@ pub struct Launch {
     pub params: u64,
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
+    /// Dynamic shared memory bytes.
+    pub shared: u32,
     /// The stage it belongs to.
     pub stage: usize,
 }
@@ -511,9 +527,15 @@ fn contiguous_strides(d: &[usize; 4]) -> [i64; 4] {
 /// Whether a convolution's input tile (TC_ROWS x TC_COLS outputs and the halo its taps read)
 /// fits the tensor-core kernel's shared memory.
 fn tc_tile_fits(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> bool {
+    tc_tile_halves(k, stride, dil) <= TC_TILE_HALVES
+}
+
+/// Halves of shared memory a tensor-core convolution block stages (its launch's dynamic
+/// shared memory: small tiles let more blocks share an SM).
+fn tc_tile_halves(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usize {
     let rows = (TC_ROWS as usize - 1) * stride.0 as usize + (k.0 - 1) * dil.0 as usize + 1;
     let cols = (TC_COLS as usize - 1) * stride.1 as usize + (k.1 - 1) * dil.1 as usize + 1;
-    rows * cols * TC_PIX <= TC_TILE_HALVES
+    rows * cols * TC_PIX
 }
 
 /// The Conv node of a conv stage and its (kernel, strides, dilations, groups), when its weights
@@ -972,13 +994,15 @@ pub fn build(
                     rs_w: resize.as_ref().map_or(0, |r| r.1[3] as i32),
                 };
                 if mma {
+                    // the fewest 8-channel tiles per block that cover cout (at most MMA_NT)
+                    let nt = (n_tiles as u32).next_power_of_two().min(MMA_NT);
                     let grid = (
                         (ys[3] as u32).div_ceil(TC_COLS),
                         (ys[2] as u32).div_ceil(TC_ROWS),
-                        (n_tiles as u32).div_ceil(MMA_NT),
+                        (n_tiles as u32).div_ceil(nt),
                     );
                     blocks.push((
-                        Kernel::ConvMma(y.half),
+                        Kernel::ConvMma(y.half, nt as u8),
                         bytemuck::bytes_of(&p).to_vec(),
                         grid,
                         (32 * TC_ROWS, 1, 1),
@@ -1211,7 +1235,8 @@ pub fn build(
                     prev = Some(n.output[0].as_str());
                 }
                 p.n_ops = s.nodes.len() as i32;
-                let total = od.iter().product::<usize>() as u64;
+                let per_thread = if od[3] % EW_VEC == 0 { EW_VEC } else { 1 };
+                let total = (od.iter().product::<usize>() / per_thread) as u64;
                 blocks.push((
                     Kernel::Eltwise,
                     bytemuck::bytes_of(&p).to_vec(),
@@ -1390,11 +1415,24 @@ pub fn build(
     let mut launches = Vec::with_capacity(blocks.len());
     for (kernel, bytes, grid, block, stage) in blocks {
         let params = st.put(&bytes);
+        let shared = match kernel {
+            Kernel::ConvMma(..) => {
+                let p: NnConv = bytemuck::pod_read_unaligned(&bytes);
+                let halves = tc_tile_halves(
+                    (p.kh as usize, p.kw as usize),
+                    (p.sh as i64, p.sw as i64),
+                    (p.dh as i64, p.dw as i64),
+                );
+                (halves * 2) as u32
+            }
+            _ => 0,
+        };
         launches.push(Launch {
             kernel,
             params,
             grid,
             block,
+            shared,
             stage,
         });
     }
