@@ -226,7 +226,11 @@ mod tests {
         assert!(!is_system_memory_pool(&special, &query_with(&special)));
         // A video pool whose memory comes from another allocator.
         let mut query = query_with(&video);
-        let other = glib::Object::new::<PinnedAllocatorStandIn>().upcast::<gst::Allocator>();
+        // gstreamer-rs's allocator of wrapped Rust memory: not the system memory one.
+        let other = gst::Memory::from_slice([0u8; 4])
+            .allocator()
+            .unwrap()
+            .clone();
         query.add_allocation_param(Some(&other), gst::AllocationParams::default());
         assert!(!is_system_memory_pool(&video, &query));
         let mut query = query_with(&video);
@@ -235,30 +239,5 @@ mod tests {
             gst::AllocationParams::default(),
         );
         assert!(is_system_memory_pool(&video, &query));
-    }
-
-    /// An allocator that is not the system memory one.
-    mod stand_in {
-        use super::*;
-
-        #[derive(Default)]
-        pub struct PinnedAllocatorStandIn;
-
-        #[glib::object_subclass]
-        impl ObjectSubclass for PinnedAllocatorStandIn {
-            const NAME: &'static str = "GstToonflowTestAllocator";
-            type Type = super::PinnedAllocatorStandIn;
-            type ParentType = gst::Allocator;
-        }
-
-        impl ObjectImpl for PinnedAllocatorStandIn {}
-        impl GstObjectImpl for PinnedAllocatorStandIn {}
-        // SAFETY: the default alloc/free are kept; the test never allocates with it.
-        unsafe impl AllocatorImpl for PinnedAllocatorStandIn {}
-    }
-
-    glib::wrapper! {
-        pub struct PinnedAllocatorStandIn(ObjectSubclass<stand_in::PinnedAllocatorStandIn>)
-            @extends gst::Allocator, gst::Object;
     }
 }
