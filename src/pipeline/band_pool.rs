@@ -14,6 +14,12 @@ use parking_lot::{Condvar, Mutex};
 
 /// Fewer rows than this run on the calling thread alone (a band per thread is not worth it).
 pub const MIN_ROWS_TO_SPLIT: usize = 32;
+/// Bands per thread in a pass: threads take the next band when they finish one, so a thread
+/// the OS holds back (a shared machine) leaves its share to the others instead of stalling
+/// the pass.
+const BANDS_PER_THREAD: usize = 4;
+/// Fewest rows in a band (a vertical pass recomputes its radius of rows above each band).
+const MIN_ROWS_PER_BAND: usize = 16;
 
 /// A pass's closure: `f(band)`, called once for each band index.
 type Job = dyn Fn(usize) + Sync;
@@ -151,7 +157,7 @@ impl BandPool {
     }
 
     /// Runs `f(first_row, rows, band)` over bands of consecutive rows of `data` (rows of
-    /// `stride` elements; the last band ends where `data` does), one band per thread.
+    /// `stride` elements; the last band ends where `data` does), a few bands per thread.
     pub fn for_row_bands<T: Send>(
         &self,
         data: &mut [T],
@@ -216,7 +222,9 @@ impl BandPool {
         if self.threads <= 1 || rows < MIN_ROWS_TO_SPLIT || stride == 0 {
             return (rows.max(1), 1);
         }
-        let per = rows.div_ceil(self.threads).max(1);
+        let per = rows
+            .div_ceil(self.threads * BANDS_PER_THREAD)
+            .max(MIN_ROWS_PER_BAND.min(rows.div_ceil(self.threads)));
         // Bands that start inside `data` and at or before the last row.
         let bands = rows.div_ceil(per).min(len.div_ceil(per * stride));
         (per, bands)

@@ -207,10 +207,13 @@ impl StreamPlanes {
 
     /// The raw features join the ring; the filtered ones (in the tmp planes) become current.
     pub fn remember_features(&mut self) {
-        let (l, uv) = (&self.l, &self.uv);
+        // The raw features trade buffers with the slot they go into (the oldest entry, no
+        // longer needed) instead of being copied; what the slot held ends in the tmp planes,
+        // which every stage writes before it reads them.
+        let (l, uv) = (&mut self.l, &mut self.uv);
         self.ring.push_with(|slot| {
-            slot.l.copy_from_slice(l);
-            slot.uv.copy_from_slice(uv);
+            std::mem::swap(&mut slot.l, l);
+            std::mem::swap(&mut slot.uv, uv);
         });
         std::mem::swap(&mut self.l, &mut self.tmp_l);
         std::mem::swap(&mut self.uv, &mut self.tmp_uv);

@@ -1,11 +1,12 @@
 //! Row kernels of the fast CPU path (src/pipeline/fast.rs).
 //!
 //! Each kernel computes a band of rows of one pass of the stylize pipeline with the same
-//! expression, in the same order, as the CPU reference (src/pipeline/cpu.rs), with two changes:
-//! `exp` and `tanh` are evaluated by [`exp_nonpositive`] and [`tanh_fast`] (a few ulp from the
-//! library functions, and written in plain arithmetic so that they vectorise), and pixels are
-//! computed [`LANES`] at a time in fixed-size arrays, which the compiler turns into SIMD
-//! registers. Borders replicate the edge pixel through a padded copy of the row, so every pixel
+//! expression, in the same order, as the CPU reference (src/pipeline/cpu.rs), with these
+//! changes: `exp` and `tanh` are evaluated by [`exp_nonpositive`] and [`tanh_fast`] (a few ulp
+//! from the library functions, and written in plain arithmetic so that they vectorise), the
+//! bilateral range weights by a shorter `2^x` ([`exp2_nonpositive`], within 3e-7), multiply-adds
+//! are fused where the CPU has FMA ([`Arith`]), and pixels are computed [`LANES`] at a time in
+//! fixed-size arrays, which the compiler turns into SIMD registers. Borders replicate the edge pixel through a padded copy of the row, so every pixel
 //! of a row takes the vector path.
 //!
 //! Every kernel is compiled twice (see [`multiversion!`]): for the crate's baseline target and
@@ -103,7 +104,7 @@ macro_rules! multiversion {
 /// beneath it). Cephes' `expf`: `x = n·ln2 + r`, a degree-6 polynomial for `exp(r)`, `2ⁿ` put
 /// into the exponent bits. Only float arithmetic and bit casts, so a loop of it vectorises.
 #[inline(always)]
-pub fn exp_nonpositive(x: f32) -> f32 {
+pub fn exp_nonpositive<M: Arith>(x: f32) -> f32 {
     // Adding 1.5·2²³ rounds to an integer, which then sits in the low mantissa bits.
     const ROUND: f32 = 12_582_912.0;
     const LN2_HI: f32 = 0.693_359_4;
@@ -114,12 +115,12 @@ pub fn exp_nonpositive(x: f32) -> f32 {
     let r = x - n * LN2_HI;
     let r = r - n * LN2_LO;
     let mut y = 1.987_569_1e-4f32;
-    y = y * r + 1.398_199_9e-3;
-    y = y * r + 8.333_452e-3;
-    y = y * r + 4.166_579_6e-2;
-    y = y * r + 1.666_666_5e-1;
-    y = y * r + 0.5;
-    y = y * (r * r) + r + 1.0;
+    y = M::mad(y, r, 1.398_199_9e-3);
+    y = M::mad(y, r, 8.333_452e-3);
+    y = M::mad(y, r, 4.166_579_6e-2);
+    y = M::mad(y, r, 1.666_666_5e-1);
+    y = M::mad(y, r, 0.5);
+    y = M::mad(y, r * r, r) + 1.0;
     let exponent = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32) << 23;
     f32::from_bits((y.to_bits() as i32).wrapping_add(exponent) as u32)
 }
@@ -127,8 +128,8 @@ pub fn exp_nonpositive(x: f32) -> f32 {
 /// `tanh(x)` as `(1 − e)/(1 + e)` with `e = exp(−2|x|)`, the sign put back; within 1e-7 of
 /// `f32::tanh` everywhere.
 #[inline(always)]
-pub fn tanh_fast(x: f32) -> f32 {
-    let e = exp_nonpositive(-2.0 * x.abs());
+pub fn tanh_fast<M: Arith>(x: f32) -> f32 {
+    let e = exp_nonpositive::<M>(-2.0 * x.abs());
     ((1.0 - e) / (1.0 + e)).copysign(x)
 }
 
@@ -611,7 +612,7 @@ multiversion! {
                 sk *= inputs.strength;
                 let fk = h[offset + i];
                 let d = fk - f0;
-                let w = sk * exp_nonpositive(inputs.coeff * d * d);
+                let w = sk * exp_nonpositive::<M>(inputs.coeff * d * d);
                 acc += w * fk;
                 wsum += w;
             }
@@ -631,7 +632,7 @@ multiversion! {
                 let fk = lanes(h, offset + x);
                 for k in 0..LANES {
                     let d = fk[k] - f0[k];
-                    let w = sk * exp_nonpositive(inputs.coeff * d * d);
+                    let w = sk * exp_nonpositive::<M>(inputs.coeff * d * d);
                     acc[k] += w * fk[k];
                     wsum[k] += w;
                 }
@@ -665,7 +666,7 @@ multiversion! {
                     let (u, v) = (h[offset + i], h[v_at + offset + i]);
                     let du = 100.0 * (u - cu[i]);
                     let dv = 100.0 * (v - cv[i]);
-                    let w = sk * exp_nonpositive(inputs.coeff * (du * du + dv * dv));
+                    let w = sk * exp_nonpositive::<M>(inputs.coeff * (du * du + dv * dv));
                     au += w * u;
                     av += w * v;
                     wsum += w;
@@ -684,7 +685,7 @@ multiversion! {
                 for k in 0..LANES {
                     let du = 100.0 * (u[k] - u0[k]);
                     let dv = 100.0 * (v[k] - v0[k]);
-                    let w = sk * exp_nonpositive(inputs.coeff * (du * du + dv * dv));
+                    let w = sk * exp_nonpositive::<M>(inputs.coeff * (du * du + dv * dv));
                     au[k] += w * u[k];
                     av[k] += w * v[k];
                     wsum[k] += w;
@@ -752,8 +753,8 @@ multiversion! {
                         let v = lanes(&pad, x + t);
                         let (a, b) = (dog.g1[t], dog.g2[t]);
                         for k in 0..LANES {
-                            s1[k] += a * v[k];
-                            s2[k] += b * v[k];
+                            s1[k] = M::mad(a, v[k], s1[k]);
+                            s2[k] = M::mad(b, v[k], s2[k]);
                         }
                     }
                     for k in 0..LANES {
@@ -778,12 +779,12 @@ multiversion! {
 
 /// The edge factor E' from the two Gaussians (the reference's `edge_factor` with `tanh_fast`).
 #[inline(always)]
-fn edge_factor(g1: f32, g2: f32, tau: f32, sharpness: f32, strength: f32) -> f32 {
+fn edge_factor<M: Arith>(g1: f32, g2: f32, tau: f32, sharpness: f32, strength: f32) -> f32 {
     let h = g1 - tau * g2;
     let e = if h > 0.0 {
         1.0
     } else {
-        let e = 1.0 + tanh_fast(sharpness * h);
+        let e = 1.0 + tanh_fast::<M>(sharpness * h);
         // tanh_fast stays within [−1, 1], so only the lower clamp can apply (as in clamp(0, 1)).
         if e < 0.0 { 0.0 } else { e }
     };
@@ -823,12 +824,12 @@ multiversion! {
                         let (v1, v2) = (lanes(d1, at(y, t) + x), lanes(d2, at(y, t) + x));
                         let (a, b) = (dog.g1[t], dog.g2[t]);
                         for k in 0..LANES {
-                            s1[k] += a * v1[k];
-                            s2[k] += b * v2[k];
+                            s1[k] = M::mad(a, v1[k], s1[k]);
+                            s2[k] = M::mad(b, v2[k], s2[k]);
                         }
                     }
                     for k in 0..LANES {
-                        out[x + k] = edge_factor(s1[k] / dog.n1, s2[k] / dog.n2, e.tau, e.sharpness, e.strength);
+                        out[x + k] = edge_factor::<M>(s1[k] / dog.n1, s2[k] / dog.n2, e.tau, e.sharpness, e.strength);
                     }
                 }
             } else {
@@ -838,7 +839,7 @@ multiversion! {
                         s1 += dog.g1[t] * d1[at(y, t) + x];
                         s2 += dog.g2[t] * d2[at(y, t) + x];
                     }
-                    *o = edge_factor(s1 / dog.n1, s2 / dog.n2, e.tau, e.sharpness, e.strength);
+                    *o = edge_factor::<M>(s1 / dog.n1, s2 / dog.n2, e.tau, e.sharpness, e.strength);
                 }
             }
         }
@@ -898,7 +899,7 @@ multiversion! {
                 l
             };
             let q = dq * (l / dq + 0.5).floor();
-            let lq = q + (dq * 0.5) * tanh_fast(c.level_sharpness * (l - q));
+            let lq = q + (dq * 0.5) * tanh_fast::<M>(c.level_sharpness * (l - q));
             *o = to_code(255.0 * lq * e / 100.0);
         }
     }
@@ -938,14 +939,15 @@ mod tests {
         let mut worst = 0;
         let mut x = 0.0f32;
         while x > -86.0 {
-            worst = worst.max(ulps(exp_nonpositive(x), x.exp()));
+            worst = worst.max(ulps(exp_nonpositive::<Separate>(x), x.exp()));
+            worst = worst.max(ulps(exp_nonpositive::<Fused>(x), x.exp()));
             x -= 0.000_37;
         }
         assert!(worst <= 2, "worst {worst} ulp");
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert!(exp_nonpositive(-1000.0) < 1e-37);
-        assert!(exp_nonpositive(-1000.0) >= 0.0);
-        assert!(exp_nonpositive(f32::NEG_INFINITY) < 1e-37);
+        assert_eq!(exp_nonpositive::<Fused>(0.0), 1.0);
+        assert!(exp_nonpositive::<Fused>(-1000.0) < 1e-37);
+        assert!(exp_nonpositive::<Fused>(-1000.0) >= 0.0);
+        assert!(exp_nonpositive::<Fused>(f32::NEG_INFINITY) < 1e-37);
     }
 
     #[test]
@@ -974,13 +976,14 @@ mod tests {
         let mut x = -12.0f32;
         let mut worst = 0.0f32;
         while x < 12.0 {
-            worst = worst.max((tanh_fast(x) - x.tanh()).abs());
+            worst = worst.max((tanh_fast::<Separate>(x) - x.tanh()).abs());
+            worst = worst.max((tanh_fast::<Fused>(x) - x.tanh()).abs());
             x += 0.000_61;
         }
         assert!(worst < 1.5e-7, "worst {worst}");
-        assert_eq!(tanh_fast(0.0), 0.0);
-        assert_eq!(tanh_fast(50.0), 1.0);
-        assert_eq!(tanh_fast(-50.0), -1.0);
+        assert_eq!(tanh_fast::<Fused>(0.0), 0.0);
+        assert_eq!(tanh_fast::<Fused>(50.0), 1.0);
+        assert_eq!(tanh_fast::<Fused>(-50.0), -1.0);
     }
 
     #[test]
