@@ -3,8 +3,8 @@
 #   here:   tools/h200.sh --pack        builds .gpu/ (tools/gpu-bundle.sh: plugin, tests, bench,
 #                                       GStreamer runtime, frei0r's cartoon filter)
 #   there:  source .gpu/env.sh && tools/h200.sh <step...>
-#           steps: parity fast-parity report fast-report element faults soak bench neural-bench
-#                  neural-speed peer stats
+#           steps: parity fast-parity report fast-report element faults soak bench real
+#                  neural-bench neural-speed peer stats sanitize
 # Writes logs under $OUT when set.
 set -uo pipefail
 if [ "${1:-}" = "--pack" ]; then
@@ -40,6 +40,10 @@ for step in "$@"; do
         soak) TOONFLOW_TEST_BACKEND=cuda .gpu/tests/hardening-* --nocapture soak 2>&1 | tee -a "$out/soak.log" | grep -E "soak|result|panicked" || rc=1 ;;
         bench) .gpu/bin/toonflow-bench --sizes 720p,1080p,1440p,4k --modes cuda-eager,cuda-graph,frei0r \
                    --precisions fp16,fp32 --frames 2000 --cpu-frames 3 --reps 3 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || rc=1 ;;
+        real) # issue 12: the pipelines people run, density, host-copy paths (1080p)
+            .gpu/bin/toonflow-bench --sizes 1080p --precisions fp16 --frames 1000 --reps 3 \
+                --modes videotestsrc,rawvideoparse,appsrc-pinned,appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,density,host-copies \
+                --json "$out/real.json" 2>&1 | grep -v XDG_RUNTIME | tee "$out/real.txt" || rc=1 ;;
         peer) # the PyTorch peer on the generated Hayao-class model and TOONFLOW_PEER_MODELS
             python3 tools/peers/torch_peer.py $(neural_models) \
                 --json "$out/peer.jsonl" 2>&1 | tee "$out/peer.txt" || rc=1 ;;
@@ -48,6 +52,17 @@ for step in "$@"; do
                 .gpu/bin/toonflow-bench --model "$m" --modes cuda-eager,cuda-graph --precisions fp16,fp32 \
                     --frames "${TOONFLOW_NEURAL_FRAMES:-200}" --reps 1 --json "$out/neural-bench-$(basename "$m" .onnx).json" \
                     2>&1 | tee -a "$out/neural-bench.txt" || rc=1
+            done ;;
+        sanitize) # compute-sanitizer memcheck and racecheck over the kernel-running tests
+            for t in .gpu/tests/neural_cuda-* .gpu/tests/cuda_parity-* .gpu/tests/cuda_memory-*; do
+                for tool in memcheck racecheck; do
+                    echo "--- $tool ${t##*/}"
+                    compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+                        "$t" --test-threads=1 ${TOONFLOW_SANITIZE_FILTER:-} >"$out/sanitize-$tool-${t##*/}.log" 2>&1
+                    code=$?
+                    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test result" "$out/sanitize-$tool-${t##*/}.log"
+                    ((code == 0)) || { echo "exit $code"; rc=1; }
+                done
             done ;;
         neural-speed) # the network's launches alone (graph replay), the generated models, the real
             # tiny when TOONFLOW_ANIMEGAN_DIR holds it, and hayao_class; 720p/1080p/4K
