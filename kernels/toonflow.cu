@@ -3,9 +3,11 @@
 // Compiled at run time with NVRTC, once per storage precision:
 //   -DTF_FP16=1  planes (features, ring, bilateral intermediates) stored as IEEE half
 //   -DTF_FP16=0  planes stored as float
-// Math is always fp32, evaluated in the CPU reference's order (no fast math, no FMA contraction:
-// the host compiles with --fmad=false). The DoG intermediates are always float: they are
-// differences of nearly equal values and half storage would move the lines.
+// Math is always fp32, in the CPU reference's order (the host compiles with --fmad=false); the
+// bilateral taps alone use explicit FMAs and the hardware ex2 for their weights (see
+// tf_tap_weight; TF_ACCURATE_EXP=1 restores the CPU's products), which tests/cuda_parity.rs
+// bounds. The DoG intermediates are always float: they are differences of nearly equal values
+// and half storage would move the lines.
 //
 // A frame is (launch order):
 //   memset(stats)             thumbnail block sums + histogram to zero (a memset node, no kernel)
@@ -24,18 +26,64 @@
 // The host prepends the ABI this file relies on, generated from Rust (src/cuda/abi.rs): the
 // blocks ToonParams, TfControl, TfState and TfFrame, and the shared constants TF_MAX_RADIUS,
 // TF_THUMB_W/H, TF_HIST_BINS, TF_MAX_HISTORY, TF_AUTO_LEVELS_CLIP, TF_AUTO_LEVELS_MIN_SPREAD and
-// the launch block sizes TF_TILE_BX/BY, TF_BIL_BX/BY, TF_ANALYZE_THREADS.
+// the launch block sizes TF_TILE_BX/BY, TF_BIL_BX/BY, TF_BILY_BX/BY/ROWS, TF_ANALYZE_THREADS.
 
-// Range and motion weights: the accurate expf, or __expf (the hardware ex2 with one multiply)
-// when the host builds with TOONFLOW_FAST_MATH=1; the parity tests bound the difference.
-#ifndef TF_FAST_EXP
-#define TF_FAST_EXP 0
+// Range and motion weights exp(coeff * d2). By default one hardware ex2 (MUFU.EX2, ~2 ulp) of
+// coeff * log2(e) * d2: the weights differ from the CPU's exp by a few parts in 10^7, far below
+// what moves an output code (tests/cuda_parity.rs measures it). TF_ACCURATE_EXP=1 (the host's
+// TOONFLOW_ACCURATE_EXP=1) builds the accurate expf instead, for comparison.
+// Use: k = tf_range_scale(coeff) once, then tf_range_weight(k * d2) per tap.
+#ifndef TF_ACCURATE_EXP
+#define TF_ACCURATE_EXP 0
 #endif
-#if TF_FAST_EXP
-#define tf_exp(x) __expf(x)
+__device__ __forceinline__ float tf_range_scale(float coeff)
+{
+#if TF_ACCURATE_EXP
+    return coeff;
 #else
-#define tf_exp(x) expf(x)
+    return coeff * 1.44269504088896341f;
 #endif
+}
+__device__ __forceinline__ float tf_range_weight(float scaled)
+{
+#if TF_ACCURATE_EXP
+    return expf(scaled);
+#else
+    float w;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(w) : "f"(scaled));
+    return w;
+#endif
+}
+
+// Bilateral tap weight spatial[j] * exp(coeff * a * b), from a per-launch table t[j] =
+// tf_tap_table(spatial[j]) and k = tf_range_scale(coeff): by default the spatial weight rides in
+// the exponent, one FMA and one ex2 per tap (2^(k*a*b + log2 spatial[j])), and the sums use FMAs;
+// TF_ACCURATE_EXP=1 keeps the CPU's products (spatial[j] * expf(coeff*a*b), no FMA).
+__device__ __forceinline__ float tf_tap_table(float spatial)
+{
+#if TF_ACCURATE_EXP
+    return spatial;
+#else
+    return log2f(spatial);
+#endif
+}
+__device__ __forceinline__ float tf_tap_weight(float ka, float b, float t)
+{
+#if TF_ACCURATE_EXP
+    return t * expf(ka * b);
+#else
+    return tf_range_weight(__fmaf_rn(ka, b, t));
+#endif
+}
+// acc + w * v
+__device__ __forceinline__ float tf_mad(float w, float v, float acc)
+{
+#if TF_ACCURATE_EXP
+    return acc + w * v;
+#else
+    return __fmaf_rn(w, v, acc);
+#endif
+}
 
 #ifndef TF_FP16
 #define TF_FP16 1
@@ -56,22 +104,45 @@ __device__ __forceinline__ void tf_st(tf_store* __restrict__ p, long i, float v)
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
     p[i] = h;
 }
+// Interleaved pair i (elements 2i and 2i+1, e.g. a (u, v) sample) in one 32-bit access.
+__device__ __forceinline__ float2 tf_ld2(const tf_store* __restrict__ p, long i)
+{
+    const unsigned int b = reinterpret_cast<const unsigned int*>(p)[i];
+    float2 f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f.x) : "h"((unsigned short)(b & 0xffffu)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f.y) : "h"((unsigned short)(b >> 16)));
+    return f;
+}
+__device__ __forceinline__ void tf_st2(tf_store* __restrict__ p, long i, float2 v)
+{
+    unsigned short lo, hi;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(v.x));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(v.y));
+    reinterpret_cast<unsigned int*>(p)[i] = (unsigned int)lo | ((unsigned int)hi << 16);
+}
 #else
 typedef float tf_store;
 __device__ __forceinline__ float tf_ld(const tf_store* __restrict__ p, long i) { return p[i]; }
 __device__ __forceinline__ void tf_st(tf_store* __restrict__ p, long i, float v) { p[i] = v; }
+__device__ __forceinline__ float2 tf_ld2(const tf_store* __restrict__ p, long i)
+{
+    return reinterpret_cast<const float2*>(p)[i];
+}
+__device__ __forceinline__ void tf_st2(tf_store* __restrict__ p, long i, float2 v) { reinterpret_cast<float2*>(p)[i] = v; }
 #endif
+// tf_ld2/tf_st2 need the pair aligned to its size: the planned chroma planes start on ALIGN.
 
 // TfControl (host -> device every frame), TfState (scene detector memory and ring cursor) and
 // TfFrame (per-frame decisions, copied back to the host) come with the generated ABI.
 
 __device__ __forceinline__ int tf_clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
-// First pixel of thumbnail block b (analysis.rs block_start).
-__device__ __forceinline__ int tf_block_start(int b, int blocks, int size) { return (int)(((long)b * size) / blocks); }
+// First pixel of thumbnail block b (analysis.rs block_start). 32-bit: b * size < 2^31 for any
+// frame the geometry accepts (blocks <= TF_THUMB_W).
+__device__ __forceinline__ int tf_block_start(int b, int blocks, int size) { return (int)(((unsigned)b * (unsigned)size) / (unsigned)blocks); }
 
 // Thumbnail block holding pixel x: the largest b with block_start(b) <= x.
-__device__ __forceinline__ int tf_block_of(int x, int blocks, int size) { return (int)((((long)x + 1) * blocks - 1) / size); }
+__device__ __forceinline__ int tf_block_of(int x, int blocks, int size) { return (int)((((unsigned)x + 1u) * (unsigned)blocks - 1u) / (unsigned)size); }
 
 __device__ __forceinline__ float tf_edge_factor(float g1, float g2, const ToonParams* __restrict__ p)
 {
@@ -107,9 +178,10 @@ __device__ __forceinline__ unsigned char tf_pack_chroma(float c, float saturatio
 }
 
 // ---------------------------------------------------------------------------------------------
-// 1. Unpack and statistics. One thread per chroma sample: its 2x2 luma block and its (u, v).
-// Block TF_TILE_BX x TF_TILE_BY threads (the host launches exactly that) = a luma tile of twice
-// that size; thumbnail sums and histogram gather in shared memory.
+// 1. Unpack and statistics. One thread per chroma sample: its 2x2 luma block and its (u, v)
+// (frame sizes are even). Block TF_TILE_BX x TF_TILE_BY threads (the host launches exactly that)
+// = a luma tile of twice that size; thumbnail sums and histogram gather in shared memory, the
+// thumbnail blocks of the tile's columns and rows are looked up once per block.
 #define TF_TILE_TW (2 * TF_TILE_BX)
 #define TF_TILE_TH (2 * TF_TILE_BY)
 
@@ -119,6 +191,8 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
 {
     __shared__ unsigned int shist[TF_HIST_BINS];
     __shared__ unsigned int sthumb[TF_TILE_TH * TF_TILE_TW];
+    __shared__ int scol[TF_TILE_TW];
+    __shared__ int srow[TF_TILE_TH];
     const int W = p->width, H = p->height;
     const int cw = p->chroma_width, ch = p->chroma_height;
     const int tw = p->thumb_w, th = p->thumb_h;
@@ -130,27 +204,46 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
     const int ty0 = blockIdx.y * TF_TILE_TH;
     const int bx0 = tf_block_of(tx0 < W ? tx0 : W - 1, tw, W);
     const int by0 = tf_block_of(ty0 < H ? ty0 : H - 1, th, H);
+    for (int i = tid; i < TF_TILE_TW; i += nthreads) scol[i] = tf_block_of(min(tx0 + i, W - 1), tw, W) - bx0;
+    for (int i = tid; i < TF_TILE_TH; i += nthreads) srow[i] = tf_block_of(min(ty0 + i, H - 1), th, H) - by0;
     __syncthreads();
 
     const int cx = blockIdx.x * blockDim.x + threadIdx.x;
     const int cy = blockIdx.y * blockDim.y + threadIdx.y;
     if (cx < cw && cy < ch) {
+        const int lx = 2 * threadIdx.x, ly = 2 * threadIdx.y;
+        const int c0 = scol[lx], c1 = scol[lx + 1];
+        unsigned int sum[2][2] = {{0u, 0u}, {0u, 0u}};
         for (int dy = 0; dy < 2; ++dy) {
-            const int y = 2 * cy + dy;
-            const int by = tf_block_of(y, th, H) - by0;
-            for (int dx = 0; dx < 2; ++dx) {
-                const int x = 2 * cx + dx;
-                const unsigned int v = nv12[(long)y * W + x];
-                tf_st(L, (long)y * W + x, 100.0f * (float)v / 255.0f);
-                atomicAdd(&shist[v], 1u);
-                const int bx = tf_block_of(x, tw, W) - bx0;
-                atomicAdd(&sthumb[by * TF_TILE_TW + bx], v);
+            const long i = (long)(2 * cy + dy) * W + 2 * cx;
+            // Two luma bytes in one 16-bit load (even width, even x).
+            const unsigned short two = *reinterpret_cast<const unsigned short*>(nv12 + i);
+            const unsigned int v0 = two & 0xffu, v1 = two >> 8;
+            tf_st(L, i, 100.0f * (float)v0 / 255.0f);
+            tf_st(L, i + 1, 100.0f * (float)v1 / 255.0f);
+            atomicAdd(&shist[v0], 1u);
+            atomicAdd(&shist[v1], 1u);
+            sum[dy][0] = v0;
+            sum[dy][1] = v1;
+        }
+        // The 2x2 block's contributions, merged where they fall into the same thumbnail block.
+        const int r0 = srow[ly], r1 = srow[ly + 1];
+        if (c0 == c1 && r0 == r1) {
+            atomicAdd(&sthumb[r0 * TF_TILE_TW + c0], sum[0][0] + sum[0][1] + sum[1][0] + sum[1][1]);
+        } else {
+            for (int dy = 0; dy < 2; ++dy) {
+                const int r = dy == 0 ? r0 : r1;
+                if (c0 == c1) {
+                    atomicAdd(&sthumb[r * TF_TILE_TW + c0], sum[dy][0] + sum[dy][1]);
+                } else {
+                    atomicAdd(&sthumb[r * TF_TILE_TW + c0], sum[dy][0]);
+                    atomicAdd(&sthumb[r * TF_TILE_TW + c1], sum[dy][1]);
+                }
             }
         }
-        const unsigned char* uv = nv12 + (long)H * W + (long)cy * W + 2 * cx;
-        const long o = 2L * ((long)cy * cw + cx);
-        tf_st(UV, o, ((float)uv[0] - 128.0f) / 255.0f);
-        tf_st(UV, o + 1, ((float)uv[1] - 128.0f) / 255.0f);
+        const unsigned short uv = *reinterpret_cast<const unsigned short*>(nv12 + (long)H * W + (long)cy * W + 2 * cx);
+        tf_st2(UV, (long)cy * cw + cx,
+               make_float2(((float)(uv & 0xffu) - 128.0f) / 255.0f, ((float)(uv >> 8) - 128.0f) / 255.0f));
     }
     __syncthreads();
     for (int i = tid; i < TF_HIST_BINS; i += nthreads) {
@@ -167,7 +260,9 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. Analysis: one block of TF_ANALYZE_THREADS threads.
+// 2. Analysis: one block of TF_ANALYZE_THREADS threads (a few thousand thumbnail blocks and 256
+// histogram bins: one block finishes in a few microseconds once the index math is 32-bit and the
+// block sizes are looked up, not divided out per cell).
 
 extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
                                       const unsigned int* __restrict__ thumb_sums,
@@ -176,25 +271,28 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
 {
     __shared__ float spart[TF_ANALYZE_THREADS];
     __shared__ unsigned int shist[TF_HIST_BINS];
+    __shared__ int scols[TF_THUMB_W];
+    __shared__ int srows[TF_THUMB_H];
     const int W = p->width, H = p->height;
     const int tw = p->thumb_w, th = p->thumb_h;
     const int n = tw * th;
     const int reset = ctl->reset;
     const int has_prev = (st->has_prev != 0) && (reset == 0);
     const int tid = threadIdx.x;
+    for (int i = tid; i < tw; i += TF_ANALYZE_THREADS) scols[i] = tf_block_start(i + 1, tw, W) - tf_block_start(i, tw, W);
+    for (int i = tid; i < th; i += TF_ANALYZE_THREADS) srows[i] = tf_block_start(i + 1, th, H) - tf_block_start(i, th, H);
+    for (int i = tid; i < TF_HIST_BINS; i += TF_ANALYZE_THREADS) shist[i] = hist[i];
+    __syncthreads();
 
     float part = 0.0f;
     for (int i = tid; i < n; i += TF_ANALYZE_THREADS) {
-        const int by = i / tw, bx = i % tw;
-        const int rows = tf_block_start(by + 1, th, H) - tf_block_start(by, th, H);
-        const int cols = tf_block_start(bx + 1, tw, W) - tf_block_start(bx, tw, W);
-        const float count = (float)(rows * cols);
+        const int by = i / tw, bx = i - by * tw;
+        const float count = (float)(srows[by] * scols[bx]);
         const float m = 100.0f * (float)thumb_sums[by * TF_THUMB_W + bx] / (255.0f * count);
         if (has_prev) part += fabsf(st->prev_thumb[i] - m);
         st->prev_thumb[i] = m;
     }
     spart[tid] = part;
-    for (int i = tid; i < TF_HIST_BINS; i += TF_ANALYZE_THREADS) shist[i] = hist[i];
     __syncthreads();
     for (int s = TF_ANALYZE_THREADS / 2; s > 0; s >>= 1) {
         if (tid < s) spart[tid] += spart[tid + s];
@@ -262,26 +360,141 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. Bilateral passes. Block TF_BIL_BX x TF_BIL_BY; grid.y covers the luma rows (first
-// `luma_blocks_y` rows of blocks) and then the chroma rows.
+// 3. Bilateral passes and the DoG x pass, through shared-memory tiles.
+//
+// A block first copies its tile and the halo around it into shared memory (borders replicated,
+// converted to float once), so the taps read shared memory at fixed offsets: no clamps, index
+// math or conversions in the tap loops. The loops are unrolled for the default radii (luma 6,
+// chroma 3, DoG 4: spatial sigma 3, edge sigma 1) and stay loops for other radii; both sum in
+// the CPU reference's order (j = -r .. r), so the unrolled and the generic code agree bit for bit.
+//
+// x pass: block TF_BIL_BX x TF_BIL_BY, one output per thread, a row tile per thread row; grid.y
+// covers the luma rows (the first `luma_blocks_y` rows of blocks), then the chroma rows.
+// y pass: block TF_BILY_BX x TF_BILY_BY, TF_BILY_ROWS outputs per thread down a column, a column
+// tile of TF_BILY_BY * TF_BILY_ROWS rows plus the halo; grid.y as for the x pass.
 
-__device__ __forceinline__ void tf_dog_pair_row(const ToonParams* __restrict__ p, const tf_store* __restrict__ row,
-                                                int x, int W, float* g1, float* g2)
+#define TF_XT_W (TF_BIL_BX + 2 * TF_MAX_RADIUS)
+#define TF_YT_ROWS (TF_BILY_BY * TF_BILY_ROWS)
+#define TF_YT_H (TF_YT_ROWS + 2 * TF_MAX_RADIUS)
+
+// The radii the tap loops are unrolled for (ToonParams' defaults).
+#define TF_LUMA_R 6
+#define TF_CHROMA_R 3
+#define TF_EDGE_R 4
+
+// Bilateral sum over luma taps s[j * stride], j = -R .. R (R = RF when RF >= 0, else r): tap
+// weights from the table t (tf_tap_table of the spatial weights) and k = tf_range_scale(coeff);
+// the centre weight is the spatial weight w0 itself (exp(0) = 1, as on the CPU).
+template <int RF>
+__device__ __forceinline__ float tf_bil(const float* s, int stride, const float* t, float w0, float k, int r)
 {
-    const int r = p->edge_radius;
-    float s1 = 0.0f, n1 = 0.0f, s2 = 0.0f, n2 = 0.0f;
-    for (int j = -r; j <= r; ++j) {
-        const float v = tf_ld(row, tf_clampi(x + j, 0, W - 1));
-        const int aj = j < 0 ? -j : j;
-        const float a = p->edge_gauss1[aj];
-        const float b = p->edge_gauss2[aj];
-        s1 += a * v;
-        n1 += a;
-        s2 += b * v;
-        n2 += b;
+    const int R = RF >= 0 ? RF : r;
+    const float c = s[0];
+    float acc = 0.0f, wsum = 0.0f;
+#pragma unroll
+    for (int j = -R; j <= R; ++j) {
+        const float nb = s[j * stride];
+        const float d = nb - c;
+        const float w = j == 0 ? w0 : tf_tap_weight(k * d, d, t[j < 0 ? -j : j]);
+        acc = tf_mad(w, nb, acc);
+        wsum += w;
     }
-    *g1 = s1 / n1;
-    *g2 = s2 / n2;
+    return acc / wsum;
+}
+
+// The same over (u, v) taps, the range distance taken jointly in L units.
+template <int RF>
+__device__ __forceinline__ float2 tf_bil(const float2* s, int stride, const float* t, float w0, float k, int r)
+{
+    const int R = RF >= 0 ? RF : r;
+    const float2 c = s[0];
+    float au = 0.0f, av = 0.0f, wsum = 0.0f;
+#pragma unroll
+    for (int j = -R; j <= R; ++j) {
+        const float2 n = s[j * stride];
+        const float du = 100.0f * (n.x - c.x);
+        const float dv = 100.0f * (n.y - c.y);
+        const float w = j == 0 ? w0 : tf_tap_weight(k, du * du + dv * dv, t[j < 0 ? -j : j]);
+        au = tf_mad(w, n.x, au);
+        av = tf_mad(w, n.y, av);
+        wsum += w;
+    }
+    return make_float2(au / wsum, av / wsum);
+}
+
+// A launch's tap tables: t[0][j] for luma, t[1][j] for chroma, filled by the block's first
+// threads (the caller synchronises before use).
+__device__ __forceinline__ void tf_fill_tap_tables(const ToonParams* __restrict__ p, float t[2][TF_MAX_RADIUS + 1])
+{
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    if (tid <= TF_MAX_RADIUS) {
+        t[0][tid] = tf_tap_table(p->luma_spatial[tid]);
+        t[1][tid] = tf_tap_table(p->chroma_spatial[tid]);
+    }
+}
+
+// Normalised Gaussian over the taps at(j), j = -R .. R, with the weight table g (one of the DoG
+// pair).
+template <int RF, typename At>
+__device__ __forceinline__ float tf_gauss(At at, const float* __restrict__ g, int r)
+{
+    const int R = RF >= 0 ? RF : r;
+    float acc = 0.0f, n = 0.0f;
+#pragma unroll
+    for (int j = -R; j <= R; ++j) {
+        const float a = g[j < 0 ? -j : j];
+        acc += a * at(j);
+        n += a;
+    }
+    return acc / n;
+}
+
+__device__ __forceinline__ float tf_bil_luma_at(const float* s, int stride, const ToonParams* __restrict__ p,
+                                                const float* t, float k)
+{
+    const int r = p->luma_radius;
+    const float w0 = p->luma_spatial[0];
+    return r == TF_LUMA_R ? tf_bil<TF_LUMA_R>(s, stride, t, w0, k, r) : tf_bil<-1>(s, stride, t, w0, k, r);
+}
+
+__device__ __forceinline__ float2 tf_bil_chroma_at(const float2* s, int stride, const ToonParams* __restrict__ p,
+                                                   const float* t, float k)
+{
+    const int r = p->chroma_radius;
+    const float w0 = p->chroma_spatial[0];
+    return r == TF_CHROMA_R ? tf_bil<TF_CHROMA_R>(s, stride, t, w0, k, r) : tf_bil<-1>(s, stride, t, w0, k, r);
+}
+
+template <typename At>
+__device__ __forceinline__ float tf_gauss_at(At at, const float* __restrict__ g, int r)
+{
+    return r == TF_EDGE_R ? tf_gauss<TF_EDGE_R>(at, g, r) : tf_gauss<-1>(at, g, r);
+}
+
+// Row y of a luma plane, columns x0 - halo .. x0 + TF_BIL_BX + halo - 1 (replicated), into
+// tile[0 ..]; the threads of one block row share the work.
+__device__ __forceinline__ void tf_load_row(float* tile, const tf_store* __restrict__ plane, int y, int W, int x0,
+                                            int halo)
+{
+    const tf_store* row = plane + (long)y * W;
+    for (int i = threadIdx.x; i < TF_BIL_BX + 2 * halo; i += TF_BIL_BX) tile[i] = tf_ld(row, tf_clampi(x0 - halo + i, 0, W - 1));
+}
+
+__device__ __forceinline__ void tf_load_row2(float2* tile, const tf_store* __restrict__ plane, int y, int cw, int x0,
+                                             int halo)
+{
+    const tf_store* row = plane + 2L * (long)y * cw;
+    for (int i = threadIdx.x; i < TF_BIL_BX + 2 * halo; i += TF_BIL_BX) tile[i] = tf_ld2(row, tf_clampi(x0 - halo + i, 0, cw - 1));
+}
+
+// The DoG x pass of luma row tile s (centre at s[0]) into dog1/dog2 at idx.
+__device__ __forceinline__ void tf_dog_x_at(const ToonParams* __restrict__ p, const float* s, long idx,
+                                            float* __restrict__ dog1, float* __restrict__ dog2)
+{
+    const int er = p->edge_radius;
+    const auto at = [s](int j) { return s[j]; };
+    dog1[idx] = tf_gauss_at(at, p->edge_gauss1, er);
+    dog2[idx] = tf_gauss_at(at, p->edge_gauss2, er);
 }
 
 extern "C" __global__ void tf_bilateral_x(const ToonParams* __restrict__ p, const tf_store* __restrict__ L,
@@ -289,53 +502,57 @@ extern "C" __global__ void tf_bilateral_x(const ToonParams* __restrict__ p, cons
                                           tf_store* __restrict__ UVo, float* __restrict__ dog1,
                                           float* __restrict__ dog2, int iter_index, int luma_blocks_y)
 {
+    __shared__ float sl[TF_BIL_BY][TF_XT_W];
+    __shared__ float2 sc[TF_BIL_BY][TF_XT_W];
+    __shared__ float tab[2][TF_MAX_RADIUS + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int x0 = blockIdx.x * TF_BIL_BX;
+    const int x = x0 + tx;
+    const float k = tf_range_scale(p->range_coeff);
+    tf_fill_tap_tables(p, tab);
     if ((int)blockIdx.y < luma_blocks_y) {
         const int W = p->width, H = p->height;
-        const int x = blockIdx.x * blockDim.x + threadIdx.x;
-        const int y = blockIdx.y * blockDim.y + threadIdx.y;
+        const int y = blockIdx.y * TF_BIL_BY + ty;
+        const int r = p->luma_radius, er = p->edge_radius;
+        const int dog = p->edge_iteration == iter_index;
+        const int halo = dog && er > r ? er : r;
+        if (y < H) tf_load_row(sl[ty], L, y, W, x0, halo);
+        __syncthreads();
         if (x >= W || y >= H) return;
-        const tf_store* row = L + (long)y * W;
-        const float c = tf_ld(row, x);
-        const int r = p->luma_radius;
-        const float rc = p->range_coeff;
-        float acc = 0.0f, wsum = 0.0f;
-        for (int j = -r; j <= r; ++j) {
-            const float nb = tf_ld(row, tf_clampi(x + j, 0, W - 1));
-            const float d = nb - c;
-            const float w = p->luma_spatial[j < 0 ? -j : j] * tf_exp(rc * d * d);
-            acc += w * nb;
-            wsum += w;
-        }
-        tf_st(Lo, (long)y * W + x, acc / wsum);
-        if (p->edge_iteration == iter_index) {
-            float g1, g2;
-            tf_dog_pair_row(p, row, x, W, &g1, &g2);
-            dog1[(long)y * W + x] = g1;
-            dog2[(long)y * W + x] = g2;
-        }
+        const float* s = &sl[ty][tx + halo];
+        const long idx = (long)y * W + x;
+        tf_st(Lo, idx, tf_bil_luma_at(s, 1, p, tab[0], k));
+        if (dog) tf_dog_x_at(p, s, idx, dog1, dog2);
     } else {
         const int cw = p->chroma_width, ch = p->chroma_height;
-        const int x = blockIdx.x * blockDim.x + threadIdx.x;
-        const int y = (blockIdx.y - luma_blocks_y) * blockDim.y + threadIdx.y;
-        if (x >= cw || y >= ch) return;
-        const tf_store* row = UV + 2L * (long)y * cw;
-        const float cu = tf_ld(row, 2 * x), cv = tf_ld(row, 2 * x + 1);
+        if (x0 >= cw) return;
+        const int y = (blockIdx.y - luma_blocks_y) * TF_BIL_BY + ty;
         const int r = p->chroma_radius;
-        const float rc = p->range_coeff;
-        float au = 0.0f, av = 0.0f, wsum = 0.0f;
-        for (int j = -r; j <= r; ++j) {
-            const int xx = tf_clampi(x + j, 0, cw - 1);
-            const float u = tf_ld(row, 2 * xx), v = tf_ld(row, 2 * xx + 1);
-            const float du = 100.0f * (u - cu);
-            const float dv = 100.0f * (v - cv);
-            const float w = p->chroma_spatial[j < 0 ? -j : j] * tf_exp(rc * (du * du + dv * dv));
-            au += w * u;
-            av += w * v;
-            wsum += w;
-        }
-        const long o = 2L * ((long)y * cw + x);
-        tf_st(UVo, o, au / wsum);
-        tf_st(UVo, o + 1, av / wsum);
+        if (y < ch) tf_load_row2(sc[ty], UV, y, cw, x0, r);
+        __syncthreads();
+        if (x >= cw || y >= ch) return;
+        tf_st2(UVo, (long)y * cw + x, tf_bil_chroma_at(&sc[ty][tx + r], 1, p, tab[1], k));
+    }
+}
+
+// The outputs of one y-pass thread: its TF_BILY_ROWS consecutive output rows, whose taps lie in
+// col[0 .. TF_BILY_ROWS + 2R) (stride TF_BILY_BX: the shared tile from the thread's first tap row
+// down); store(q, value) writes output row q. With R known at compile time the column is first
+// copied into registers (each shared value read once for all the thread's rows); otherwise the
+// taps read the tile.
+template <int RF, typename T, typename Store>
+__device__ __forceinline__ void tf_column(const T* col, int r, const float* t, float w0, float k, Store store)
+{
+    if (RF >= 0) {
+        const int R = RF >= 0 ? RF : 0;
+        T v[TF_BILY_ROWS + 2 * R];
+#pragma unroll
+        for (int i = 0; i < TF_BILY_ROWS + 2 * R; ++i) v[i] = col[i * TF_BILY_BX];
+#pragma unroll
+        for (int q = 0; q < TF_BILY_ROWS; ++q) store(q, tf_bil<RF>(&v[R + q], 1, t, w0, k, r));
+    } else {
+#pragma unroll
+        for (int q = 0; q < TF_BILY_ROWS; ++q) store(q, tf_bil<-1>(&col[(r + q) * TF_BILY_BX], TF_BILY_BX, t, w0, k, r));
     }
 }
 
@@ -343,60 +560,78 @@ extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, cons
                                           const tf_store* __restrict__ UV, tf_store* __restrict__ Lo,
                                           tf_store* __restrict__ UVo, int luma_blocks_y)
 {
+    // One buffer for both kinds of block: luma blocks use it as float, chroma blocks as float2.
+    __shared__ float2 tile[TF_YT_H * TF_BILY_BX];
+    __shared__ float tab[2][TF_MAX_RADIUS + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int x = blockIdx.x * TF_BILY_BX + tx;
+    // The thread's output rows: row0 .. row0 + TF_BILY_ROWS - 1 of the block's TF_YT_ROWS.
+    const int row0 = ty * TF_BILY_ROWS;
+    const float k = tf_range_scale(p->range_coeff);
+    tf_fill_tap_tables(p, tab);
     if ((int)blockIdx.y < luma_blocks_y) {
         const int W = p->width, H = p->height;
-        const int x = blockIdx.x * blockDim.x + threadIdx.x;
-        const int y = blockIdx.y * blockDim.y + threadIdx.y;
-        if (x >= W || y >= H) return;
-        const float c = tf_ld(L, (long)y * W + x);
+        const int y0 = blockIdx.y * TF_YT_ROWS;
         const int r = p->luma_radius;
-        const float rc = p->range_coeff;
-        float acc = 0.0f, wsum = 0.0f;
-        for (int j = -r; j <= r; ++j) {
-            const float nb = tf_ld(L, (long)tf_clampi(y + j, 0, H - 1) * W + x);
-            const float d = nb - c;
-            const float w = p->luma_spatial[j < 0 ? -j : j] * tf_exp(rc * d * d);
-            acc += w * nb;
-            wsum += w;
+        float* t = reinterpret_cast<float*>(tile);
+        if (x < W) {
+            for (int i = ty; i < TF_YT_ROWS + 2 * r; i += TF_BILY_BY)
+                t[i * TF_BILY_BX + tx] = tf_ld(L, (long)tf_clampi(y0 - r + i, 0, H - 1) * W + x);
         }
-        tf_st(Lo, (long)y * W + x, acc / wsum);
+        __syncthreads();
+        if (x >= W) return;
+        const float w0 = p->luma_spatial[0];
+        const auto store = [&](int q, float v) {
+            const int y = y0 + row0 + q;
+            if (y < H) tf_st(Lo, (long)y * W + x, v);
+        };
+        const float* col = &t[row0 * TF_BILY_BX + tx];
+        if (r == TF_LUMA_R) {
+            tf_column<TF_LUMA_R>(col, r, tab[0], w0, k, store);
+        } else {
+            tf_column<-1>(col, r, tab[0], w0, k, store);
+        }
     } else {
         const int cw = p->chroma_width, ch = p->chroma_height;
-        const int x = blockIdx.x * blockDim.x + threadIdx.x;
-        const int y = (blockIdx.y - luma_blocks_y) * blockDim.y + threadIdx.y;
-        if (x >= cw || y >= ch) return;
-        const long c0 = 2L * ((long)y * cw + x);
-        const float cu = tf_ld(UV, c0), cv = tf_ld(UV, c0 + 1);
+        if ((int)(blockIdx.x * TF_BILY_BX) >= cw) return;
+        const int y0 = (blockIdx.y - luma_blocks_y) * TF_YT_ROWS;
         const int r = p->chroma_radius;
-        const float rc = p->range_coeff;
-        float au = 0.0f, av = 0.0f, wsum = 0.0f;
-        for (int j = -r; j <= r; ++j) {
-            const long i = 2L * ((long)tf_clampi(y + j, 0, ch - 1) * cw + x);
-            const float u = tf_ld(UV, i), v = tf_ld(UV, i + 1);
-            const float du = 100.0f * (u - cu);
-            const float dv = 100.0f * (v - cv);
-            const float w = p->chroma_spatial[j < 0 ? -j : j] * tf_exp(rc * (du * du + dv * dv));
-            au += w * u;
-            av += w * v;
-            wsum += w;
+        if (x < cw) {
+            for (int i = ty; i < TF_YT_ROWS + 2 * r; i += TF_BILY_BY)
+                tile[i * TF_BILY_BX + tx] = tf_ld2(UV, (long)tf_clampi(y0 - r + i, 0, ch - 1) * cw + x);
         }
-        tf_st(UVo, c0, au / wsum);
-        tf_st(UVo, c0 + 1, av / wsum);
+        __syncthreads();
+        if (x >= cw) return;
+        const float w0 = p->chroma_spatial[0];
+        const auto store = [&](int q, float2 v) {
+            const int y = y0 + row0 + q;
+            if (y < ch) tf_st2(UVo, (long)y * cw + x, v);
+        };
+        const float2* col = &tile[row0 * TF_BILY_BX + tx];
+        if (r == TF_CHROMA_R) {
+            tf_column<TF_CHROMA_R>(col, r, tab[1], w0, k, store);
+        } else {
+            tf_column<-1>(col, r, tab[1], w0, k, store);
+        }
     }
 }
 
-// DoG x pass on its own (only when the edges come from the last bilateral iteration).
+// DoG x pass on its own (only when the edges come from the last bilateral iteration). Block and
+// grid as the luma part of tf_bilateral_x.
 extern "C" __global__ void tf_dog_x(const ToonParams* __restrict__ p, const tf_store* __restrict__ L,
                                     float* __restrict__ dog1, float* __restrict__ dog2)
 {
+    __shared__ float sl[TF_BIL_BY][TF_XT_W];
     const int W = p->width, H = p->height;
-    const int x = blockIdx.x * blockDim.x + threadIdx.x;
-    const int y = blockIdx.y * blockDim.y + threadIdx.y;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int x0 = blockIdx.x * TF_BIL_BX;
+    const int x = x0 + tx;
+    const int y = blockIdx.y * TF_BIL_BY + ty;
+    const int er = p->edge_radius;
+    if (y < H) tf_load_row(sl[ty], L, y, W, x0, er);
+    __syncthreads();
     if (x >= W || y >= H) return;
-    float g1, g2;
-    tf_dog_pair_row(p, L + (long)y * W, x, W, &g1, &g2);
-    dog1[(long)y * W + x] = g1;
-    dog2[(long)y * W + x] = g2;
+    tf_dog_x_at(p, &sl[ty][tx + er], (long)y * W + x, dog1, dog2);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -416,7 +651,7 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
     const int used = fr->history_used;
     const int push = fr->push_slot;
     const float ts = p->temporal_strength;
-    const float mc = p->motion_coeff;
+    const float mk = tf_range_scale(p->motion_coeff);
 
     for (int dy = 0; dy < 2; ++dy) {
         const int y = 2 * cy + dy;
@@ -431,7 +666,7 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
                 const float fk = tf_ld(ring + (long)fr->recent_slot[k] * slot_elems, idx);
                 sk *= ts;
                 const float d = fk - f0;
-                const float w = sk * tf_exp(mc * d * d);
+                const float w = sk * tf_range_weight(mk * d * d);
                 acc += w * fk;
                 wsum += w;
             }
@@ -449,7 +684,7 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
         sk *= ts;
         const float du = 100.0f * (u - u0);
         const float dv = 100.0f * (v - v0);
-        const float w = sk * tf_exp(mc * (du * du + dv * dv));
+        const float w = sk * tf_range_weight(mk * (du * du + dv * dv));
         au += w * u;
         av += w * v;
         wsum += w;
@@ -466,6 +701,50 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
 // ---------------------------------------------------------------------------------------------
 // 4-6. DoG y pass + edge factor, auto-levels, quantize, compose and pack. One thread per chroma
 // sample (its 2x2 luma block), block TF_TILE_BX x TF_TILE_BY.
+
+// DoG y pass of the 2x2 luma block at (x0, y0): both Gaussians over rows y0 - R .. y0 + 1 + R,
+// each row read once (a float2 per plane: x0 and the width are even) for both output rows. Each
+// output's sums still run over j = -R .. R in order, as on the CPU. Out: g1[dy], g2[dy] (x: the
+// left pixel, y: the right one), normalised by their weight sums.
+template <int RF>
+__device__ __forceinline__ void tf_dog_y_block(const ToonParams* __restrict__ p, const float* __restrict__ dog1,
+                                               const float* __restrict__ dog2, int x0, int y0, int W, int H, int r,
+                                               float2 g1[2], float2 g2[2])
+{
+    const int R = RF >= 0 ? RF : r;
+    const float* __restrict__ ga = p->edge_gauss1;
+    const float* __restrict__ gb = p->edge_gauss2;
+    float2 s1[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
+    float2 s2[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
+#pragma unroll
+    for (int i = -R; i <= R + 1; ++i) {
+        const long o = (long)tf_clampi(y0 + i, 0, H - 1) * W + x0;
+        const float2 a = *reinterpret_cast<const float2*>(dog1 + o);
+        const float2 b = *reinterpret_cast<const float2*>(dog2 + o);
+#pragma unroll
+        for (int dy = 0; dy < 2; ++dy) {
+            const int j = i - dy; // this row is tap j of output row y0 + dy
+            if (j < -R || j > R) continue;
+            const float wa = ga[j < 0 ? -j : j], wb = gb[j < 0 ? -j : j];
+            s1[dy].x += wa * a.x;
+            s1[dy].y += wa * a.y;
+            s2[dy].x += wb * b.x;
+            s2[dy].y += wb * b.y;
+        }
+    }
+    float n1 = 0.0f, n2 = 0.0f;
+#pragma unroll
+    for (int j = -R; j <= R; ++j) {
+        n1 += ga[j < 0 ? -j : j];
+        n2 += gb[j < 0 ? -j : j];
+    }
+#pragma unroll
+    for (int dy = 0; dy < 2; ++dy) {
+        g1[dy] = make_float2(s1[dy].x / n1, s1[dy].y / n1);
+        g2[dy] = make_float2(s2[dy].x / n2, s2[dy].y / n2);
+    }
+}
+
 extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
                                     const tf_store* __restrict__ L, const tf_store* __restrict__ UV,
                                     const float* __restrict__ dog1, const float* __restrict__ dog2,
@@ -480,32 +759,28 @@ extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFr
     const float black = fr->black, white = fr->white;
     const int er = p->edge_radius;
 
+    float2 g1[2], g2[2];
+    if (er == TF_EDGE_R) {
+        tf_dog_y_block<TF_EDGE_R>(p, dog1, dog2, 2 * cx, 2 * cy, W, H, er, g1, g2);
+    } else {
+        tf_dog_y_block<-1>(p, dog1, dog2, 2 * cx, 2 * cy, W, H, er, g1, g2);
+    }
     float emin = 0.0f;
+#pragma unroll
     for (int dy = 0; dy < 2; ++dy) {
-        const int y = 2 * cy + dy;
+        const long idx = (long)(2 * cy + dy) * W + 2 * cx;
+        unsigned char px[2];
+#pragma unroll
         for (int dx = 0; dx < 2; ++dx) {
-            const int x = 2 * cx + dx;
-            // DoG y pass: both Gaussians, each normalised by its own weight sum.
-            float s1 = 0.0f, n1 = 0.0f, s2 = 0.0f, n2 = 0.0f;
-            for (int j = -er; j <= er; ++j) {
-                const long i = (long)tf_clampi(y + j, 0, H - 1) * W + x;
-                const int aj = j < 0 ? -j : j;
-                const float a = p->edge_gauss1[aj];
-                const float b = p->edge_gauss2[aj];
-                s1 += a * dog1[i];
-                n1 += a;
-                s2 += b * dog2[i];
-                n2 += b;
-            }
-            const float e = tf_edge_factor(s1 / n1, s2 / n2, p);
+            const float e = tf_edge_factor(dx ? g1[dy].y : g1[dy].x, dx ? g2[dy].y : g2[dy].x, p);
             emin = (dx == 0 && dy == 0) ? e : fminf(emin, e);
-
-            const long idx = (long)y * W + x;
-            float l = tf_ld(L, idx);
+            float l = tf_ld(L, idx + dx);
             if (use_levels) l = fminf(fmaxf((l - black) * (100.0f / (white - black)), 0.0f), 100.0f);
             const float lq = tf_quantize(l, p->levels, p->level_sharpness);
-            out[idx] = tf_pack_luma(lq, e);
+            px[dx] = tf_pack_luma(lq, e);
         }
+        // Both bytes in one 16-bit store (even width, even x).
+        *reinterpret_cast<unsigned short*>(out + idx) = (unsigned short)(px[0] | (px[1] << 8));
     }
 
     const long c0 = 2L * ((long)cy * cw + cx);

@@ -106,17 +106,32 @@ fn cuda_caps_are_offered_only_with_a_gpu() {
     }
 }
 
+/// The element named `name` in a launch-line pipeline.
+fn element(pipeline: &gst::Element, name: &str) -> gst::Element {
+    let bin = pipeline.downcast_ref::<gst::Bin>().unwrap();
+    bin.by_name(name).unwrap()
+}
+
+/// Waits up to `seconds` for EOS; an error message or a timeout fails the test.
+fn wait_eos(pipeline: &gst::Element, seconds: u64) {
+    let msg = pipeline
+        .bus()
+        .unwrap()
+        .timed_pop_filtered(
+            gst::ClockTime::from_seconds(seconds),
+            &[gst::MessageType::Eos, gst::MessageType::Error],
+        )
+        .expect("EOS");
+    assert!(matches!(msg.view(), gst::MessageView::Eos(_)), "{msg:?}");
+}
+
 /// Runs a launch line with an appsink named `sink` and a toonflow named `tf` to EOS; returns
 /// the frames, the element's last stats and the negotiated caps of its pads.
 fn run_to_eos(desc: &str) -> (Vec<Nv12>, gst::Structure, [gst::Caps; 2]) {
     init();
     let pipeline = gst::parse::launch(desc).unwrap();
     let sink = app_sink(&pipeline, "sink");
-    let tf = pipeline
-        .downcast_ref::<gst::Bin>()
-        .unwrap()
-        .by_name("tf")
-        .unwrap();
+    let tf = element(&pipeline, "tf");
     pipeline.set_state(gst::State::Playing).unwrap();
     let mut frames = Vec::new();
     let mut caps = None;
@@ -200,17 +215,7 @@ fn h264_clip_sized(dir: &TempDir, frames: u32, w: u32, h: u32) -> std::path::Pat
     );
     let pipeline = gst::parse::launch(&desc).unwrap();
     pipeline.set_state(gst::State::Playing).unwrap();
-    let bus = pipeline.bus().unwrap();
-    let msg = bus
-        .timed_pop_filtered(
-            gst::ClockTime::from_seconds(120),
-            &[gst::MessageType::Eos, gst::MessageType::Error],
-        )
-        .expect("clip encoding finishes");
-    assert!(
-        matches!(msg.view(), gst::MessageView::Eos(_)),
-        "clip: {msg:?}"
-    );
+    wait_eos(&pipeline, 120);
     pipeline.set_state(gst::State::Null).unwrap();
     out
 }
@@ -338,11 +343,7 @@ fn play_and_ask(clip: &std::path::Path, app_context: Option<&gst::Context>) -> V
     pipeline.set_state(gst::State::Playing).unwrap();
     let first = sink.try_pull_sample(gst::ClockTime::from_seconds(30));
     assert!(first.is_some(), "a frame");
-    let tf = pipeline
-        .downcast_ref::<gst::Bin>()
-        .unwrap()
-        .by_name("tf")
-        .unwrap();
+    let tf = element(&pipeline, "tf");
     let contexts = contexts_around(&tf);
     let stats = tf.property::<gst::Structure>("stats");
     assert_eq!(stats.get::<u64>("upload-bytes").unwrap(), 0);
@@ -401,20 +402,8 @@ fn state_cycles_and_renegotiation_keep_device_memory_flat() {
     let cycle = || {
         let pipeline = gst::parse::launch(desc).unwrap();
         pipeline.set_state(gst::State::Playing).unwrap();
-        let msg = pipeline
-            .bus()
-            .unwrap()
-            .timed_pop_filtered(
-                gst::ClockTime::from_seconds(30),
-                &[gst::MessageType::Eos, gst::MessageType::Error],
-            )
-            .expect("EOS");
-        assert!(matches!(msg.view(), gst::MessageView::Eos(_)), "{msg:?}");
-        let tf = pipeline
-            .downcast_ref::<gst::Bin>()
-            .unwrap()
-            .by_name("tf")
-            .unwrap();
+        wait_eos(&pipeline, 30);
+        let tf = element(&pipeline, "tf");
         let stats = tf.property::<gst::Structure>("stats");
         assert_eq!(stats.get::<u64>("upload-bytes").unwrap(), 0);
         assert_eq!(stats.get::<u64>("download-bytes").unwrap(), 0);
@@ -572,21 +561,9 @@ fn speed_1080p_with_cuda_memory_in_and_out() {
         let pipeline = gst::parse::launch(&desc).unwrap();
         let started = Instant::now();
         pipeline.set_state(gst::State::Playing).unwrap();
-        let msg = pipeline
-            .bus()
-            .unwrap()
-            .timed_pop_filtered(
-                gst::ClockTime::from_seconds(120),
-                &[gst::MessageType::Eos, gst::MessageType::Error],
-            )
-            .expect("EOS");
-        assert!(matches!(msg.view(), gst::MessageView::Eos(_)), "{msg:?}");
+        wait_eos(&pipeline, 120);
         let wall = started.elapsed().as_secs_f64();
-        let tf = pipeline
-            .downcast_ref::<gst::Bin>()
-            .unwrap()
-            .by_name("tf")
-            .unwrap();
+        let tf = element(&pipeline, "tf");
         let stats = tf.property::<gst::Structure>("stats");
         pipeline.set_state(gst::State::Null).unwrap();
         let p50 = stats.get::<f64>("p50-us").unwrap();

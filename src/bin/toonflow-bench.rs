@@ -4,6 +4,10 @@
 //! frame and device memory; frei0r's cartoon filter runs on the same frames as the CPU peer.
 //! Warm-up frames are excluded; each configuration is repeated and the median reported.
 //!
+//! The real-pipeline modes (real.rs: videotestsrc, rawvideoparse, appsrc-pinned/-pageable/-fresh,
+//! nvh264dec, nvh264dec-cudadownload, nvh264dec-cuda, density, host-copies) feed the CUDA element
+//! the way real upstream elements do and time it at its own pads (issue 12).
+//!
 //! `--model PATH` benchmarks the neural stage instead: the same frames through `toonflow
 //! model=PATH` on the CPU reference (`cpu`: a few frames, it is slow) and on CUDA
 //! (`cuda-eager`, `cuda-graph`, with `--precisions`), at 720p, 1080p and 4K unless `--sizes`
@@ -17,8 +21,12 @@ use std::time::{Duration, Instant};
 use gst::prelude::*;
 use gsttoonflow::pipeline::stats::percentile_of_sorted;
 
+#[path = "toonflow-bench/real.rs"]
+mod real;
+
 const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4k,320x240] \
-[--modes cpu,cpu-reference,cpu-stages,cuda-eager,cuda-graph,frei0r] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
+[--modes cpu,cpu-reference,cpu-stages,cpu-fast-stages,cuda-eager,cuda-graph,frei0r,videotestsrc,rawvideoparse,appsrc-pinned,\
+appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,density,host-copies] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
 [--reps N] [--json FILE] [--model PATH.onnx]";
 
 #[derive(Clone, Debug)]
@@ -366,6 +374,99 @@ fn run_once(
     result
 }
 
+/// Runs a real-pipeline mode (see real.rs) in the first precision, prints its rows and adds
+/// them to the JSON `rows`.
+#[allow(clippy::too_many_arguments)]
+fn real_rows(
+    mode: &str,
+    w: usize,
+    h: usize,
+    label: &str,
+    opts: &Options,
+    frames: &[gst::Buffer],
+    pinned: &Result<Vec<gst::Buffer>, String>,
+    rows: &mut Vec<String>,
+) {
+    if mode == "host-copies" {
+        match real::host_copies(w, h) {
+            Ok(copies) => {
+                for (name, us) in &copies {
+                    println!("{label:<10} host-copies {name:<48} {us:>8.1} µs");
+                }
+                rows.push(format!(
+                    "{{\"size\":\"{}\",\"mode\":\"host-copies\",\"copies_us\":{{{}}}}}",
+                    json_escape(label),
+                    copies
+                        .iter()
+                        .map(|(n, us)| format!("\"{}\":{us:.1}", json_escape(n)))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ));
+            }
+            Err(e) => println!("{label:<10} host-copies failed: {e}"),
+        }
+        return;
+    }
+    let Ok(pinned) = pinned else {
+        println!("{label:<10} {mode:<11} skipped: no pinned frames");
+        return;
+    };
+    let precision = opts.precisions.first().map_or("fp16", |p| p.as_str());
+    let measured = (0..opts.reps.max(1))
+        .map(|_| {
+            real::run_mode(
+                mode,
+                w,
+                h,
+                precision,
+                frames,
+                pinned,
+                opts.frames,
+                Duration::from_secs(300),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>();
+    let runs = match measured {
+        Ok(runs) => runs,
+        Err(e) => {
+            println!("{label:<10} {mode:<11} {precision:<5} {e}");
+            return;
+        }
+    };
+    // One row per instance count (density), each the median over the repetitions.
+    for i in 0..runs[0].len() {
+        let pick = |f: fn(&real::Measured) -> f64| median(runs.iter().map(|r| f(&r[i])).collect());
+        let (fps, p50, p99) = (pick(|m| m.fps), pick(|m| m.p50_us), pick(|m| m.p99_us));
+        let (up, down, gpu) = (
+            pick(|m| m.upload_us),
+            pick(|m| m.download_us),
+            pick(|m| m.gpu_us),
+        );
+        let n = runs[0][i].instances;
+        let name = if mode == "density" {
+            format!("density-{n}")
+        } else {
+            mode.to_string()
+        };
+        println!(
+            "{label:<10} {name:<22} {precision:<5} {:>10} fps  p50 {p50:>6.0} µs  p99 {p99:>6.0} µs  \
+             upload {up:>6.1} µs  download {down:>6.1} µs  gpu {gpu:>6.1} µs",
+            fps_text(fps)
+        );
+        rows.push(format!(
+            "{{\"model\":null,\"size\":\"{}\",\"width\":{w},\"height\":{h},\"mode\":\"{}\",\"precision\":\"{}\",\
+             \"instances\":{n},\"fps_median\":{fps:.3},\"fps_runs\":[{}],\"latency_p50_us\":{p50:.1},\"latency_p99_us\":{p99:.1},\
+             \"upload_us\":{up:.1},\"download_us\":{down:.1},\"gpu_time_us\":{gpu:.2},\"frames_per_run\":{},\"runs\":{}}}",
+            json_escape(label),
+            json_escape(&name),
+            json_escape(precision),
+            runs.iter().map(|r| format!("{:.3}", r[i].fps)).collect::<Vec<_>>().join(","),
+            opts.frames,
+            runs.len()
+        ));
+    }
+}
+
 /// One decimal, or three significant digits below 10 fps (the neural CPU reference runs at
 /// 0.01–0.1 fps).
 fn fps_text(fps: f64) -> String {
@@ -434,6 +535,7 @@ fn cpu_stages(
     frames: &[gst::Buffer],
     reference_frames: usize,
     reps: usize,
+    with_reference: bool,
 ) -> Result<String, String> {
     use gsttoonflow::pipeline::cpu::StageTimes;
     use gsttoonflow::pipeline::fast::CpuClassic;
@@ -478,7 +580,12 @@ fn cpu_stages(
         }
         Ok((stages, totals, median(cpu_ms)))
     };
-    let (ref_stages, ref_total, ref_cpu) = measure(true, reference_frames)?;
+    // cpu-fast-stages leaves the reference out (a quicker look at the fast path alone).
+    let (ref_stages, ref_total, ref_cpu) = if with_reference {
+        measure(true, reference_frames)?
+    } else {
+        (vec![vec![0.0]; StageTimes::NAMES.len()], vec![0.0], 0.0)
+    };
     let (fast_stages, fast_total, fast_cpu) = measure(false, 10 * reference_frames)?;
     println!(
         "  {width}x{height} stages, ms per frame (median; reference {} frames, fast {} frames):",
@@ -611,8 +718,10 @@ fn main() {
                     "fp32".into(),
                     format!("toonflow name=t backend=cpu-reference{model_prop}"),
                 )],
-                "cpu-stages" => {
-                    match cpu_stages(*w, *h, &frames, opts.cpu_frames.max(2), opts.reps) {
+                "cpu-stages" | "cpu-fast-stages" => {
+                    let with_reference = mode == "cpu-stages";
+                    let (w, h, n) = (*w, *h, opts.cpu_frames.max(2));
+                    match cpu_stages(w, h, &frames, n, opts.reps, with_reference) {
                         Ok(json) => stage_rows.push(format!(
                             "{{\"size\":\"{}\",\"width\":{w},\"height\":{h},{json}}}",
                             json_escape(label)
@@ -628,6 +737,14 @@ fn main() {
                 )],
                 "frei0r" => {
                     println!("{label:<10} {mode:<11} skipped: frei0r-filter-cartoon not installed");
+                    continue;
+                }
+                m if real::MODES.contains(&m) => {
+                    if cuda.is_err() {
+                        println!("{label:<10} {mode:<11} skipped: no CUDA device");
+                    } else {
+                        real_rows(mode, *w, *h, label, &opts, &frames, &pinned, &mut rows);
+                    }
                     continue;
                 }
                 "cuda-eager" | "cuda-graph" if cuda.is_err() => {

@@ -12,10 +12,15 @@ use crate::pipeline::params::{
 /// Block of `tf_unpack`, `tf_temporal` and `tf_final`: one thread per chroma sample, so a block
 /// covers a (2·x)×(2·y) luma tile; `tf_unpack` sizes its shared thumbnail tile from it.
 pub const TILE_BLOCK: (u32, u32) = (32, 8);
-/// Block of `tf_bilateral_x`, `tf_bilateral_y` and `tf_dog_x`.
+/// Block of `tf_bilateral_x` and `tf_dog_x`: one output per thread, a row tile per thread row.
 pub const BILATERAL_BLOCK: (u32, u32) = (64, 4);
-/// Threads of the single `tf_analyze` block (a power of two: the kernel reduces by halving).
-pub const ANALYZE_THREADS: u32 = 256;
+/// Block of `tf_bilateral_y`: each thread takes [`BILATERAL_Y_ROWS`] outputs down its column, so
+/// a block covers 32 columns × 32 rows from one shared column tile (its halo shared by 32 rows).
+pub const BILATERAL_Y_BLOCK: (u32, u32) = (32, 8);
+pub const BILATERAL_Y_ROWS: u32 = 4;
+/// Threads of the single `tf_analyze` block (a power of two: the kernel reduces by halving). Its
+/// thumbnail loop waits on memory, so more threads mean fewer trips (2304 cells: 3 per thread).
+pub const ANALYZE_THREADS: u32 = 1024;
 
 /// Where [`TfControl`] sits inside the parameter buffer, after [`ToonParams`].
 pub const CONTROL_OFFSET: u64 = 512;
@@ -75,6 +80,9 @@ pub fn defines() -> Vec<Define> {
         Define::int("TF_TILE_BY", TILE_BLOCK.1),
         Define::int("TF_BIL_BX", BILATERAL_BLOCK.0),
         Define::int("TF_BIL_BY", BILATERAL_BLOCK.1),
+        Define::int("TF_BILY_BX", BILATERAL_Y_BLOCK.0),
+        Define::int("TF_BILY_BY", BILATERAL_Y_BLOCK.1),
+        Define::int("TF_BILY_ROWS", BILATERAL_Y_ROWS),
         Define::int("TF_ANALYZE_THREADS", ANALYZE_THREADS),
     ]
 }

@@ -1,6 +1,6 @@
-//! Asynchronous host↔device and device↔device copies on a stream: contiguous blocks and 2D
+//! Asynchronous host↔device and device↔device copies on a stream: contiguous blocks, and 2D
 //! planes whose pitches differ (a GStreamer frame's stride against the tightly packed device
-//! plane).
+//! plane) in one function for every direction.
 //!
 //! All are `unsafe`: the driver reads and writes raw addresses. Each function's `# Safety`
 //! says what the caller guarantees.
@@ -40,120 +40,71 @@ pub(crate) unsafe fn copy_d2h(
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src, bytes, stream).result() }
 }
 
-/// Copies `rows` rows of `width` bytes from host rows `src_pitch` apart to device rows
-/// `dst_pitch` apart.
+/// One side of a 2D copy: rows `pitch` bytes apart from `ptr`, in host memory or in device
+/// memory of the stream's context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rows {
+    Host { ptr: *mut u8, pitch: usize },
+    Device { ptr: CUdeviceptr, pitch: usize },
+}
+
+impl Rows {
+    /// Host rows that are only read (a copy's source).
+    pub(crate) fn host_source(ptr: *const u8, pitch: usize) -> Rows {
+        Rows::Host {
+            ptr: ptr as *mut u8,
+            pitch,
+        }
+    }
+
+    pub(crate) fn device(ptr: CUdeviceptr, pitch: usize) -> Rows {
+        Rows::Device { ptr, pitch }
+    }
+
+    /// The rows `bytes` further on (a second plane in the same allocation).
+    pub(crate) fn offset(self, bytes: usize) -> Rows {
+        match self {
+            Rows::Host { ptr, pitch } => Rows::Host {
+                ptr: ptr.wrapping_add(bytes),
+                pitch,
+            },
+            Rows::Device { ptr, pitch } => Rows::Device {
+                ptr: ptr + bytes as u64,
+                pitch,
+            },
+        }
+    }
+
+    /// The memory type, host address, device address and pitch of a CUDA_MEMCPY2D side.
+    fn parts(self) -> (sys::CUmemorytype, *mut u8, CUdeviceptr, usize) {
+        use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
+        match self {
+            Rows::Host { ptr, pitch } => (CU_MEMORYTYPE_HOST, ptr, 0, pitch),
+            Rows::Device { ptr, pitch } => (CU_MEMORYTYPE_DEVICE, std::ptr::null_mut(), ptr, pitch),
+        }
+    }
+}
+
+/// Copies `rows` rows of `width` bytes from `src` to `dst`, each side with its own pitch: host
+/// to device, device to host, or device to device (a GstCudaMemory frame and the arena, no
+/// PCIe traffic). Host memory that is page-locked (allocated so or registered) makes the copy
+/// asynchronous and runs it at PCIe speed; pageable memory is staged by the driver.
 ///
 /// # Safety
-/// Every source row `src + r·src_pitch .. + width` is readable host memory, every destination
-/// row lies in one device allocation of the stream's context, and both stay valid until the
-/// stream reaches the copy.
-pub(crate) unsafe fn copy_2d_h2d(
+/// Every source row `src + r·pitch .. + width` is readable and every destination row writable
+/// memory of its kind (device rows in one allocation of the stream's context); both stay valid,
+/// and nothing reads the destination, until the stream has reached the copy.
+pub(crate) unsafe fn copy_2d(
     stream: sys::CUstream,
-    src: *const u8,
-    src_pitch: usize,
-    dst: CUdeviceptr,
-    dst_pitch: usize,
+    src: Rows,
+    dst: Rows,
     width: usize,
     rows: usize,
 ) -> Result<(), DriverError> {
-    use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
-    let c = memcpy_2d(
-        CU_MEMORYTYPE_HOST,
-        src,
-        0,
-        src_pitch,
-        CU_MEMORYTYPE_DEVICE,
-        std::ptr::null_mut(),
-        dst,
-        dst_pitch,
-        width,
-        rows,
-    );
-    // SAFETY: `c` is fully initialised and describes ranges the caller guarantees.
-    unsafe { sys::cuMemcpy2DAsync_v2(&c, stream).result() }
-}
-
-/// Copies `rows` rows of `width` bytes from device rows `src_pitch` apart to host rows
-/// `dst_pitch` apart.
-///
-/// # Safety
-/// Every source row lies in one device allocation of the stream's context, every destination
-/// row `dst + r·dst_pitch .. + width` is writable host memory that nothing reads before the
-/// stream has reached the copy.
-pub(crate) unsafe fn copy_2d_d2h(
-    stream: sys::CUstream,
-    src: CUdeviceptr,
-    src_pitch: usize,
-    dst: *mut u8,
-    dst_pitch: usize,
-    width: usize,
-    rows: usize,
-) -> Result<(), DriverError> {
-    use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
-    let c = memcpy_2d(
-        CU_MEMORYTYPE_DEVICE,
-        std::ptr::null(),
-        src,
-        src_pitch,
-        CU_MEMORYTYPE_HOST,
-        dst,
-        0,
-        dst_pitch,
-        width,
-        rows,
-    );
-    // SAFETY: `c` is fully initialised and describes ranges the caller guarantees.
-    unsafe { sys::cuMemcpy2DAsync_v2(&c, stream).result() }
-}
-
-/// Copies `rows` rows of `width` bytes between two device allocations of the stream's context
-/// (a GstCudaMemory frame and the arena): no PCIe traffic.
-///
-/// # Safety
-/// Every source and destination row lies in one device allocation of the stream's context, and
-/// both stay valid until the stream reaches the copy.
-pub(crate) unsafe fn copy_2d_d2d(
-    stream: sys::CUstream,
-    src: CUdeviceptr,
-    src_pitch: usize,
-    dst: CUdeviceptr,
-    dst_pitch: usize,
-    width: usize,
-    rows: usize,
-) -> Result<(), DriverError> {
-    use sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    let c = memcpy_2d(
-        CU_MEMORYTYPE_DEVICE,
-        std::ptr::null(),
-        src,
-        src_pitch,
-        CU_MEMORYTYPE_DEVICE,
-        std::ptr::null_mut(),
-        dst,
-        dst_pitch,
-        width,
-        rows,
-    );
-    // SAFETY: `c` is fully initialised and describes ranges the caller guarantees.
-    unsafe { sys::cuMemcpy2DAsync_v2(&c, stream).result() }
-}
-
-/// A 2D copy between host and device rows (pitches may differ); every field set explicitly
-/// (the struct holds enums, so it must not be zero-initialised).
-#[allow(clippy::too_many_arguments)]
-fn memcpy_2d(
-    src_type: sys::CUmemorytype,
-    src_host: *const u8,
-    src_device: CUdeviceptr,
-    src_pitch: usize,
-    dst_type: sys::CUmemorytype,
-    dst_host: *mut u8,
-    dst_device: CUdeviceptr,
-    dst_pitch: usize,
-    width: usize,
-    rows: usize,
-) -> sys::CUDA_MEMCPY2D {
-    sys::CUDA_MEMCPY2D {
+    let (src_type, src_host, src_device, src_pitch) = src.parts();
+    let (dst_type, dst_host, dst_device, dst_pitch) = dst.parts();
+    // Every field set explicitly: the struct holds enums, so it must not be zero-initialised.
+    let c = sys::CUDA_MEMCPY2D {
         srcXInBytes: 0,
         srcY: 0,
         srcMemoryType: src_type,
@@ -170,5 +121,7 @@ fn memcpy_2d(
         dstPitch: dst_pitch,
         WidthInBytes: width,
         Height: rows,
-    }
+    };
+    // SAFETY: `c` is fully initialised and describes ranges the caller guarantees.
+    unsafe { sys::cuMemcpy2DAsync_v2(&c, stream).result() }
 }

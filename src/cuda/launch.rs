@@ -4,7 +4,10 @@
 
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg, sys};
 
-use super::abi::{ANALYZE_THREADS, BILATERAL_BLOCK, CONTROL_OFFSET, TILE_BLOCK};
+use super::abi::{
+    ANALYZE_THREADS, BILATERAL_BLOCK, BILATERAL_Y_BLOCK, BILATERAL_Y_ROWS, CONTROL_OFFSET,
+    TILE_BLOCK,
+};
 use super::error::{CudaError, driver};
 use super::graph::GraphKey;
 use super::kernels::Kernels;
@@ -70,6 +73,19 @@ fn grid(width: u32, height: u32, block: (u32, u32)) -> LaunchConfig {
     }
 }
 
+/// The grid of a bilateral pass over a `width`×`height` frame with blocks of `block` threads,
+/// each thread taking `rows` outputs down its column: the luma rows' blocks, then the chroma
+/// rows' blocks (x as for luma, the chroma blocks past the chroma width exit at once). Also
+/// returns the number of luma block rows, the kernel's `luma_blocks_y`.
+fn bilateral_grid(width: u32, height: u32, block: (u32, u32), rows: u32) -> (LaunchConfig, i32) {
+    let block_rows = block.1 * rows;
+    let luma = height.div_ceil(block_rows);
+    let chroma = height.div_ceil(2).div_ceil(block_rows);
+    let mut cfg = grid(width, 1, block);
+    cfg.grid_dim.1 = luma + chroma;
+    (cfg, luma as i32)
+}
+
 /// Puts a frame of `key`'s shape on `stream`: the statistics memset, unpack, analyze, the
 /// bilateral iterations with the temporal filter after `key.edge_iteration` of them, the
 /// stand-alone DoG x pass when needed, final. Exactly `key.launches()` kernels.
@@ -92,13 +108,9 @@ pub(crate) fn enqueue_frame(
     }
     // One thread per chroma sample.
     let tile = grid(cw, ch, TILE_BLOCK);
-    // The luma rows' blocks, then the chroma rows' blocks, in one launch.
-    let luma_blocks_y = h.div_ceil(BILATERAL_BLOCK.1) as i32;
-    let bil = grid(
-        w,
-        h.div_ceil(BILATERAL_BLOCK.1) * BILATERAL_BLOCK.1 + ch,
-        BILATERAL_BLOCK,
-    );
+    // The luma rows' blocks, then the chroma rows' blocks, in one launch (x and y passes).
+    let (bil_x, luma_blocks_x) = bilateral_grid(w, h, BILATERAL_BLOCK, 1);
+    let (bil_y, luma_blocks_y) = bilateral_grid(w, h, BILATERAL_Y_BLOCK, BILATERAL_Y_ROWS);
     let luma_elems = (w as i64) * (h as i64);
     let slot_elems = luma_elems + 2 * (cw as i64) * (ch as i64);
 
@@ -165,8 +177,8 @@ pub(crate) fn enqueue_frame(
                 .arg(&p.dog1)
                 .arg(&p.dog2)
                 .arg(it)
-                .arg(&luma_blocks_y)
-                .launch(bil)
+                .arg(&luma_blocks_x)
+                .launch(bil_x)
                 .map_err(driver("tf_bilateral_x"))?;
             s.launch_builder(&k.bilateral_y)
                 .arg(&p.params)
@@ -175,7 +187,7 @@ pub(crate) fn enqueue_frame(
                 .arg(&p.feat_l)
                 .arg(&p.feat_uv)
                 .arg(&luma_blocks_y)
-                .launch(bil)
+                .launch(bil_y)
                 .map_err(driver("tf_bilateral_y"))?;
         }
     }
@@ -220,17 +232,25 @@ mod tests {
             let tile = grid(cw, ch, TILE_BLOCK);
             assert_eq!(tile.grid_dim, (cw.div_ceil(32), ch.div_ceil(8), 1));
             assert_eq!(tile.block_dim, (32, 8, 1));
-            let bil = grid(w, h.div_ceil(4) * 4 + ch, BILATERAL_BLOCK);
+            let (bil, luma_rows) = bilateral_grid(w, h, BILATERAL_BLOCK, 1);
             assert_eq!(
                 bil.grid_dim,
                 (w.div_ceil(64), h.div_ceil(4) + ch.div_ceil(4), 1)
             );
             assert_eq!(bil.block_dim, (64, 4, 1));
+            assert_eq!(luma_rows as u32, h.div_ceil(4));
+            let (bil_y, luma_rows_y) = bilateral_grid(w, h, BILATERAL_Y_BLOCK, BILATERAL_Y_ROWS);
+            assert_eq!(
+                bil_y.grid_dim,
+                (w.div_ceil(32), h.div_ceil(32) + ch.div_ceil(32), 1)
+            );
+            assert_eq!(bil_y.block_dim, (32, 8, 1));
+            assert_eq!(luma_rows_y as u32, h.div_ceil(32));
             let dog = grid(w, h, BILATERAL_BLOCK);
             assert_eq!(dog.grid_dim, (w.div_ceil(64), h.div_ceil(4), 1));
         }
         let analyze = grid(ANALYZE_THREADS, 1, (ANALYZE_THREADS, 1));
         assert_eq!(analyze.grid_dim, (1, 1, 1));
-        assert_eq!(analyze.block_dim, (256, 1, 1));
+        assert_eq!(analyze.block_dim, (1024, 1, 1));
     }
 }

@@ -7,8 +7,9 @@ use cudarc::driver::{CudaContext, result, sys};
 use super::context::{context, guard, libraries_present};
 use super::error::{CudaError, MemoryShortfall, driver};
 
-/// Page-locked host memory (cuMemHostAlloc, flags 0: cached, so the CPU reads it fast too).
-/// Freed on drop. Copies from and to it run at PCIe speed and asynchronously.
+/// Page-locked host memory (cuMemHostAlloc, portable: page-locked for every context of the
+/// process, so a pipeline in a context adopted from nvcodec copies from it at full speed too;
+/// cached, so the CPU reads it fast). Freed on drop. Copies from and to it run at PCIe speed and asynchronously.
 pub struct PinnedHostBuffer {
     ptr: *mut u8,
     len: usize,
@@ -32,14 +33,16 @@ impl PinnedHostBuffer {
         guard("cuMemHostAlloc", || {
             ctx.bind_to_thread()
                 .map_err(driver("binding the context"))?;
-            // SAFETY: the context is current on this thread; flags 0 ask for plain cached
-            // page-locked memory. The pointer is checked by the driver's result.
-            let ptr = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| {
-                CudaError::OutOfMemory(MemoryShortfall {
-                    message: format!("cannot allocate {len} bytes of page-locked host memory"),
-                    source: Some(e),
-                })
-            })? as *mut u8;
+            // SAFETY: the context is current on this thread; the flags ask for cached,
+            // portable page-locked memory. The pointer is checked by the driver's result.
+            let ptr = unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }.map_err(
+                |e| {
+                    CudaError::OutOfMemory(MemoryShortfall {
+                        message: format!("cannot allocate {len} bytes of page-locked host memory"),
+                        source: Some(e),
+                    })
+                },
+            )? as *mut u8;
             // SAFETY: `ptr` points to `bytes` freshly allocated, writable bytes.
             unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
             Ok(PinnedHostBuffer { ptr, len, ctx })
@@ -93,17 +96,47 @@ impl std::fmt::Debug for PinnedHostBuffer {
     }
 }
 
-/// True when `ptr` lies in page-locked memory known to CUDA (cuMemHostAlloc / registered).
+/// True when `ptr` lies in page-locked memory known to CUDA (cuMemHostAlloc'd, or registered
+/// with cuMemHostRegister: the pointer's memory type is then "host").
 pub fn is_page_locked(ptr: *const u8) -> bool {
     if libraries_present().is_err() {
         return false;
     }
     let addr = ptr as usize;
+    // The look-ups need a current context: on a thread without one, the primary context of
+    // device 0 (contexts share one address space, so any context answers).
+    let mut current = std::ptr::null_mut();
+    // SAFETY: writes the calling thread's current context (or null) to a local.
+    let none_current = unsafe { sys::cuCtxGetCurrent(&mut current) }
+        .result()
+        .is_err()
+        || current.is_null();
+    if none_current
+        && context(0)
+            .and_then(|c| c.bind_to_thread().map_err(driver("binding")))
+            .is_err()
+    {
+        return false;
+    }
     std::panic::catch_unwind(move || {
         let mut flags = 0u32;
         // SAFETY: cuMemHostGetFlags only looks the address up (any address is allowed: an
         // unknown one returns an error) and writes the flags to a local.
-        unsafe { sys::cuMemHostGetFlags(&mut flags, addr as *mut _) == sys::CUresult::CUDA_SUCCESS }
+        let allocated = unsafe {
+            sys::cuMemHostGetFlags(&mut flags, addr as *mut _) == sys::CUresult::CUDA_SUCCESS
+        };
+        let mut kind = 0u32;
+        // SAFETY: as above: a look-up of any address, the answer written to a local `u32` (the
+        // attribute's type is a CUmemorytype, a C enum).
+        allocated
+            || unsafe {
+                sys::cuPointerGetAttribute(
+                    &mut kind as *mut u32 as *mut _,
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                    addr as sys::CUdeviceptr,
+                ) == sys::CUresult::CUDA_SUCCESS
+                    && kind == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
+            }
     })
     .unwrap_or(false)
 }

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result};
 use super::GpuFrameStats;
 use super::abi::{CONTROL_OFFSET, TfControl, TfFrame};
 use super::context::{context, describe, guard, memory_info};
-use super::copy::{copy_2d_d2d, copy_2d_d2h, copy_2d_h2d, copy_d2h, copy_h2d};
+use super::copy::{Rows, copy_2d, copy_d2h, copy_h2d};
 use super::error::{CudaError, MemoryShortfall, driver};
 use super::fault::{Fault, injected};
 use super::graph::{GraphCache, GraphKey, OwnedGraph, Ran};
@@ -60,6 +60,13 @@ pub struct DeviceNv12 {
 }
 
 impl DeviceNv12 {
+    fn rows(&self) -> [Rows; 2] {
+        [
+            Rows::device(self.y, self.y_pitch),
+            Rows::device(self.uv, self.uv_pitch),
+        ]
+    }
+
     fn check(&self, width: usize, what: &str) -> Result<(), CudaError> {
         if self.y == 0 || self.uv == 0 || self.y_pitch < width || self.uv_pitch < width {
             return Err(CudaError::Failed(format!(
@@ -68,6 +75,27 @@ impl DeviceNv12 {
         }
         Ok(())
     }
+}
+
+/// Copies an NV12 frame of `w`×`h` (Y rows, then UV rows at half height) from `src` to `dst`
+/// planes; `what` names the copy in errors.
+///
+/// # Safety
+/// As for [`copy_2d`], for both planes.
+unsafe fn copy_nv12(
+    stream: sys::CUstream,
+    src: [Rows; 2],
+    dst: [Rows; 2],
+    w: usize,
+    h: usize,
+    what: &str,
+) -> Result<(), CudaError> {
+    for (plane, (name, rows)) in [("Y", h), ("UV", h / 2)].into_iter().enumerate() {
+        // SAFETY: the caller guarantees both planes (see above).
+        unsafe { copy_2d(stream, src[plane], dst[plane], w, rows) }
+            .map_err(driver(format!("{name} {what}")))?;
+    }
+    Ok(())
 }
 
 /// Where a frame comes from: host memory (uploaded over PCIe) or device memory of the
@@ -522,35 +550,34 @@ impl CudaPipeline {
         }
         self.events[0].record(&s).map_err(driver("cuEventRecord"))?;
         let frame_bytes = (w * h + w * ch) as u64;
-        let nv12_in_uv = self.ptrs.nv12_in + (w * h) as u64;
-        let upload_bytes = match input {
-            // SAFETY: `Nv12Frame::new` checked that the planes hold `h` (`ch`) rows of `w` bytes
-            // `y_stride` (`uv_stride`) apart; "nv12-in" holds w·h + w·ch bytes; the input
-            // outlives the synchronisation below.
-            FrameSource::Host(input) => unsafe {
-                copy_2d_h2d(
-                    cs,
-                    input.y.as_ptr(),
-                    input.y_stride,
-                    self.ptrs.nv12_in,
-                    w,
-                    w,
-                    h,
-                )
-                .map_err(driver("Y upload"))?;
-                copy_2d_h2d(cs, input.uv.as_ptr(), input.uv_stride, nv12_in_uv, w, w, ch)
-                    .map_err(driver("UV upload"))?;
-                frame_bytes
-            },
-            // SAFETY: the caller mapped a frame of this geometry in this context (rows of at
-            // least `w` bytes, checked, `pitch` apart) that stays mapped until we return.
-            FrameSource::Device(d) => unsafe {
-                copy_2d_d2d(cs, d.y, d.y_pitch, self.ptrs.nv12_in, w, w, h)
-                    .map_err(driver("Y device copy in"))?;
-                copy_2d_d2d(cs, d.uv, d.uv_pitch, nv12_in_uv, w, w, ch)
-                    .map_err(driver("UV device copy in"))?;
-                0
-            },
+        let (y_bytes, arena_in, arena_out) = (
+            w * h,
+            Rows::device(self.ptrs.nv12_in, w),
+            Rows::device(self.ptrs.nv12_out, w),
+        );
+        let (source, upload_bytes) = match input {
+            FrameSource::Host(f) => (
+                [
+                    Rows::host_source(f.y.as_ptr(), f.y_stride),
+                    Rows::host_source(f.uv.as_ptr(), f.uv_stride),
+                ],
+                frame_bytes,
+            ),
+            FrameSource::Device(d) => (d.rows(), 0),
+        };
+        // SAFETY: `Nv12Frame::new` checked that host planes hold `h` (`ch`) rows of `w` bytes
+        // `y_stride` (`uv_stride`) apart, and the caller mapped a device frame of this geometry
+        // in this context (rows of at least `w` bytes, checked); "nv12-in" holds w·h + w·ch
+        // bytes; the input outlives the synchronisation below.
+        unsafe {
+            copy_nv12(
+                cs,
+                source,
+                [arena_in, arena_in.offset(y_bytes)],
+                w,
+                h,
+                "upload",
+            )?
         };
         self.events[1].record(&s).map_err(driver("cuEventRecord"))?;
 
@@ -558,41 +585,34 @@ impl CudaPipeline {
         let replayed = self.run_frame(&key)?;
 
         self.events[2].record(&s).map_err(driver("cuEventRecord"))?;
-        let nv12_out_uv = self.ptrs.nv12_out + (w * h) as u64;
-        let download_bytes = match output {
-            // SAFETY: as for the upload, with "nv12-out" as the source; the output planes are
-            // not read before the synchronisation below.
-            FrameTarget::Host(output) => unsafe {
-                copy_2d_d2h(
-                    cs,
-                    self.ptrs.nv12_out,
-                    w,
-                    output.y.as_mut_ptr(),
-                    output.y_stride,
-                    w,
-                    h,
-                )
-                .map_err(driver("Y download"))?;
-                copy_2d_d2h(
-                    cs,
-                    nv12_out_uv,
-                    w,
-                    output.uv.as_mut_ptr(),
-                    output.uv_stride,
-                    w,
-                    ch,
-                )
-                .map_err(driver("UV download"))?;
-                frame_bytes
-            },
-            // SAFETY: as for a device input; the output frame is mapped writable.
-            FrameTarget::Device(d) => unsafe {
-                copy_2d_d2d(cs, self.ptrs.nv12_out, w, d.y, d.y_pitch, w, h)
-                    .map_err(driver("Y device copy out"))?;
-                copy_2d_d2d(cs, nv12_out_uv, w, d.uv, d.uv_pitch, w, ch)
-                    .map_err(driver("UV device copy out"))?;
-                0
-            },
+        let (target, download_bytes) = match output {
+            FrameTarget::Host(f) => (
+                [
+                    Rows::Host {
+                        ptr: f.y.as_mut_ptr(),
+                        pitch: f.y_stride,
+                    },
+                    Rows::Host {
+                        ptr: f.uv.as_mut_ptr(),
+                        pitch: f.uv_stride,
+                    },
+                ],
+                frame_bytes,
+            ),
+            FrameTarget::Device(d) => (d.rows(), 0),
+        };
+        // SAFETY: as for the upload, with "nv12-out" as the source; the output planes are
+        // writable (checked, or mapped writable by the caller) and not read before the
+        // synchronisation below.
+        unsafe {
+            copy_nv12(
+                cs,
+                [arena_out, arena_out.offset(y_bytes)],
+                target,
+                w,
+                h,
+                "download",
+            )?
         };
         // SAFETY: "frame" holds a TfFrame; the staging block is not read before the
         // synchronisation below.

@@ -186,6 +186,12 @@ impl StreamPlanes {
         self.ring.cursor().capacity()
     }
 
+    /// Luma width and height, chroma width and height.
+    pub fn dims(&self) -> (usize, usize, usize, usize) {
+        let g = self.geometry;
+        (g.width, g.height, g.chroma_width(), g.chroma_height())
+    }
+
     /// Empties the temporal ring and forgets the previous thumbnail (flush, discont, caps).
     pub fn reset(&mut self) {
         self.ring.clear();
@@ -210,6 +216,53 @@ impl StreamPlanes {
         std::mem::swap(&mut self.uv, &mut self.tmp_uv);
     }
 }
+
+/// The public methods both CPU paths (a struct with a `s: StreamPlanes` field and
+/// [`ClassicStages`]) offer, written once.
+macro_rules! classic_pipeline_methods {
+    () => {
+        pub fn geometry(&self) -> FrameGeometry {
+            self.s.geometry
+        }
+
+        pub fn history_capacity(&self) -> usize {
+            self.s.history_capacity()
+        }
+
+        /// Sets the number of threads a frame runs on (1 = the calling thread alone); replaces
+        /// the worker pool, so call it at setup, not per frame.
+        pub fn set_threads(&mut self, threads: usize) {
+            if threads.max(1) != self.s.pool.threads() {
+                self.s.pool = BandPool::new(threads);
+            }
+        }
+
+        pub fn threads(&self) -> usize {
+            self.s.pool.threads()
+        }
+
+        /// How long each stage of the last frame took.
+        pub fn last_stage_times(&self) -> StageTimes {
+            self.s.times
+        }
+
+        /// Empties the temporal ring and forgets the previous thumbnail (flush, discont, caps).
+        pub fn reset(&mut self) {
+            self.s.reset();
+        }
+
+        /// Stylizes `input` into `output`. Both must have this pipeline's geometry.
+        pub fn process(
+            &mut self,
+            p: &ToonParams,
+            input: &Nv12Frame,
+            output: &mut Nv12FrameMut,
+        ) -> FrameReport {
+            run_stages(self, p, input, output)
+        }
+    };
+}
+pub(crate) use classic_pipeline_methods;
 
 /// The stages one CPU path provides; [`run_stages`] runs them in the pipeline's order, so the
 /// reference and the fast path share the order, the ring, the scene cuts and the timing, and
@@ -315,45 +368,7 @@ impl CpuPipeline {
         }
     }
 
-    pub fn geometry(&self) -> FrameGeometry {
-        self.s.geometry
-    }
-
-    pub fn history_capacity(&self) -> usize {
-        self.s.history_capacity()
-    }
-
-    /// Sets the number of threads a frame runs on (1 = the calling thread alone); replaces the
-    /// worker pool, so call it at setup, not per frame.
-    pub fn set_threads(&mut self, threads: usize) {
-        if threads.max(1) != self.s.pool.threads() {
-            self.s.pool = BandPool::new(threads);
-        }
-    }
-
-    pub fn threads(&self) -> usize {
-        self.s.pool.threads()
-    }
-
-    /// How long each stage of the last frame took.
-    pub fn last_stage_times(&self) -> StageTimes {
-        self.s.times
-    }
-
-    /// Empties the temporal ring and forgets the previous thumbnail (flush, discont, caps).
-    pub fn reset(&mut self) {
-        self.s.reset();
-    }
-
-    /// Stylizes `input` into `output`. Both must have this pipeline's geometry.
-    pub fn process(
-        &mut self,
-        p: &ToonParams,
-        input: &Nv12Frame,
-        output: &mut Nv12FrameMut,
-    ) -> FrameReport {
-        run_stages(self, p, input, output)
-    }
+    classic_pipeline_methods!();
 }
 
 impl ClassicStages for CpuPipeline {
@@ -362,11 +377,7 @@ impl ClassicStages for CpuPipeline {
     }
 
     fn unpack_and_analyse(&mut self, input: &Nv12Frame) -> f32 {
-        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
-        let (cw, ch) = (
-            self.s.geometry.chroma_width(),
-            self.s.geometry.chroma_height(),
-        );
+        let (w, h, cw, ch) = self.s.dims();
         let pool = &self.s.pool;
         pool.for_row_bands(&mut self.s.l, w, h, |first, rows, out| {
             for r in 0..rows {
@@ -389,11 +400,7 @@ impl ClassicStages for CpuPipeline {
 
     /// One bilateral iteration (x pass then y pass) over luma and chroma, in place.
     fn bilateral_iteration(&mut self, p: &ToonParams) {
-        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
-        let (cw, ch) = (
-            self.s.geometry.chroma_width(),
-            self.s.geometry.chroma_height(),
-        );
+        let (w, h, cw, ch) = self.s.dims();
         let pool = &self.s.pool;
         let (lr, cr) = (p.luma_radius as isize, p.chroma_radius as isize);
         // x passes: plane -> tmp
@@ -487,11 +494,7 @@ impl ClassicStages for CpuPipeline {
 
     /// Filters the current features against the `used` most recent ring entries into tmp planes.
     fn temporal(&mut self, p: &ToonParams, used: usize) {
-        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
-        let (cw, ch) = (
-            self.s.geometry.chroma_width(),
-            self.s.geometry.chroma_height(),
-        );
+        let (w, h, cw, ch) = self.s.dims();
         let pool = &self.s.pool;
         // The `used` most recent ring entries, newest first, looked up per pixel (no list is
         // built, so nothing allocates).
@@ -521,11 +524,7 @@ impl ClassicStages for CpuPipeline {
 
     /// Quantize, compose with the edges and pack NV12.
     fn compose(&mut self, p: &ToonParams, levels: Option<(f32, f32)>, output: &mut Nv12FrameMut) {
-        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
-        let (cw, ch) = (
-            self.s.geometry.chroma_width(),
-            self.s.geometry.chroma_height(),
-        );
+        let (w, h, cw, ch) = self.s.dims();
         let pool = &self.s.pool;
         let (fl, edge) = (&self.s.l, &self.s.edge);
         let y_stride = output.y_stride;

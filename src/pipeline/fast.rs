@@ -17,7 +17,10 @@
 use parking_lot::Mutex;
 
 use super::band_pool::BandPool;
-use super::cpu::{ClassicStages, CpuPipeline, FrameReport, StageTimes, StreamPlanes, run_stages};
+use super::cpu::{
+    ClassicStages, CpuPipeline, FrameReport, StageTimes, StreamPlanes, classic_pipeline_methods,
+    run_stages,
+};
 use super::fast_kernels::{self as k, ComposeInputs, DogWeights, EdgeInputs, Isa, TemporalInputs};
 use super::frame::{FrameGeometry, Nv12Frame, Nv12FrameMut};
 use super::params::{MAX_HISTORY, ToonParams};
@@ -28,8 +31,8 @@ use super::params::{MAX_HISTORY, ToonParams};
 pub struct FastPipeline {
     s: StreamPlanes,
     isa: Isa,
-    /// Pair weights of the vertical passes, one buffer per concurrent band (grown on the first
-    /// frame, and again only if the radius grows).
+    /// Pair weights of the vertical passes, one buffer per pool thread (made on the first
+    /// frame, and again only if the radius or the number of threads grows).
     scratch: Vec<Mutex<Vec<f32>>>,
 }
 
@@ -50,39 +53,14 @@ impl FastPipeline {
     /// Allocates every plane for `geometry` and a ring of `history` features; one thread per
     /// core (at most 16).
     pub fn new(geometry: FrameGeometry, history: usize) -> Self {
-        let s = StreamPlanes::new(geometry, history);
-        let scratch = (0..s.pool.threads().max(1))
-            .map(|_| Mutex::new(Vec::new()))
-            .collect();
         FastPipeline {
-            s,
+            s: StreamPlanes::new(geometry, history),
             isa: Isa::detect(),
-            scratch,
+            scratch: Vec::new(),
         }
     }
 
-    pub fn geometry(&self) -> FrameGeometry {
-        self.s.geometry
-    }
-
-    pub fn history_capacity(&self) -> usize {
-        self.s.history_capacity()
-    }
-
-    /// Sets the number of threads a frame runs on (1 = the calling thread alone); replaces the
-    /// worker pool, so call it at setup, not per frame.
-    pub fn set_threads(&mut self, threads: usize) {
-        if threads.max(1) != self.s.pool.threads() {
-            self.s.pool = BandPool::new(threads);
-            self.scratch = (0..threads.max(1))
-                .map(|_| Mutex::new(Vec::new()))
-                .collect();
-        }
-    }
-
-    pub fn threads(&self) -> usize {
-        self.s.pool.threads()
-    }
+    classic_pipeline_methods!();
 
     /// Runs the kernels built for the crate's baseline target only (tests compare the two).
     pub fn use_baseline_isa(&mut self) {
@@ -93,26 +71,6 @@ impl FastPipeline {
     pub fn isa_name(&self) -> &'static str {
         self.isa.name()
     }
-
-    /// How long each stage of the last frame took.
-    pub fn last_stage_times(&self) -> StageTimes {
-        self.s.times
-    }
-
-    /// Empties the temporal ring and forgets the previous thumbnail (flush, discont, caps).
-    pub fn reset(&mut self) {
-        self.s.reset();
-    }
-
-    /// Stylizes `input` into `output`. Both must have this pipeline's geometry.
-    pub fn process(
-        &mut self,
-        p: &ToonParams,
-        input: &Nv12Frame,
-        output: &mut Nv12FrameMut,
-    ) -> FrameReport {
-        run_stages(self, p, input, output)
-    }
 }
 
 impl ClassicStages for FastPipeline {
@@ -121,11 +79,7 @@ impl ClassicStages for FastPipeline {
     }
 
     fn unpack_and_analyse(&mut self, input: &Nv12Frame) -> f32 {
-        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
-        let (cw, ch) = (
-            self.s.geometry.chroma_width(),
-            self.s.geometry.chroma_height(),
-        );
+        let (w, h, cw, ch) = self.s.dims();
         let (isa, pool) = (self.isa, &self.s.pool);
         pool.for_row_bands(&mut self.s.l, w, h, |first, rows, out| {
             for r in 0..rows {
@@ -145,11 +99,7 @@ impl ClassicStages for FastPipeline {
 
     /// One bilateral iteration (x pass then y pass) over luma and chroma, in place.
     fn bilateral_iteration(&mut self, p: &ToonParams) {
-        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
-        let (cw, ch) = (
-            self.s.geometry.chroma_width(),
-            self.s.geometry.chroma_height(),
-        );
+        let (w, h, cw, ch) = self.s.dims();
         let (isa, pool) = (self.isa, &self.s.pool);
         let (lr, cr) = (p.luma_radius as usize, p.chroma_radius as usize);
         let coeff = p.range_coeff;
@@ -179,6 +129,9 @@ impl ClassicStages for FastPipeline {
         // Every band's scratch sized here, whichever band takes which buffer later: only a
         // frame that grows the radius (or the first) allocates.
         let need = k::vertical_scratch_len(w, lr).max(k::vertical_scratch_len(cw, cr));
+        // One buffer per pool thread (set_threads may have changed their number).
+        self.scratch
+            .resize_with(self.s.pool.threads(), || Mutex::new(Vec::new()));
         for buffer in &self.scratch {
             let mut buffer = buffer.lock();
             if buffer.len() < need {
@@ -308,11 +261,7 @@ impl ClassicStages for FastPipeline {
 
     /// Quantize, compose with the edges and pack NV12.
     fn compose(&mut self, p: &ToonParams, levels: Option<(f32, f32)>, output: &mut Nv12FrameMut) {
-        let (w, h) = (self.s.geometry.width, self.s.geometry.height);
-        let (cw, ch) = (
-            self.s.geometry.chroma_width(),
-            self.s.geometry.chroma_height(),
-        );
+        let (w, h, cw, ch) = self.s.dims();
         let (isa, pool) = (self.isa, &self.s.pool);
         let inputs = ComposeInputs {
             levels,
@@ -354,6 +303,16 @@ impl ClassicStages for FastPipeline {
     }
 }
 
+/// `$e` on whichever pipeline a [`CpuClassic`] holds, bound to `$p`.
+macro_rules! either {
+    ($self:expr, $p:ident => $e:expr) => {
+        match $self {
+            CpuClassic::Fast($p) => $e,
+            CpuClassic::Reference($p) => $e,
+        }
+    };
+}
+
 /// The classic pipeline on the CPU: the fast path, or the exact reference (the oracle).
 #[derive(Debug)]
 pub enum CpuClassic {
@@ -376,24 +335,15 @@ impl CpuClassic {
     }
 
     pub fn geometry(&self) -> FrameGeometry {
-        match self {
-            CpuClassic::Fast(p) => p.geometry(),
-            CpuClassic::Reference(p) => p.geometry(),
-        }
+        either!(self, p => p.geometry())
     }
 
     pub fn history_capacity(&self) -> usize {
-        match self {
-            CpuClassic::Fast(p) => p.history_capacity(),
-            CpuClassic::Reference(p) => p.history_capacity(),
-        }
+        either!(self, p => p.history_capacity())
     }
 
     pub fn reset(&mut self) {
-        match self {
-            CpuClassic::Fast(p) => p.reset(),
-            CpuClassic::Reference(p) => p.reset(),
-        }
+        either!(self, p => p.reset())
     }
 
     pub fn process(
@@ -402,17 +352,11 @@ impl CpuClassic {
         input: &Nv12Frame,
         output: &mut Nv12FrameMut,
     ) -> FrameReport {
-        match self {
-            CpuClassic::Fast(f) => f.process(p, input, output),
-            CpuClassic::Reference(r) => r.process(p, input, output),
-        }
+        either!(self, c => c.process(p, input, output))
     }
 
     pub fn last_stage_times(&self) -> StageTimes {
-        match self {
-            CpuClassic::Fast(p) => p.last_stage_times(),
-            CpuClassic::Reference(p) => p.last_stage_times(),
-        }
+        either!(self, p => p.last_stage_times())
     }
 }
 

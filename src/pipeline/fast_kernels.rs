@@ -8,8 +8,8 @@
 //! registers. Borders replicate the edge pixel through a padded copy of the row, so every pixel
 //! of a row takes the vector path.
 //!
-//! Every kernel is compiled twice (see [`multiversion!`]): once for the crate's baseline target
-//! and once with AVX2 and FMA enabled, chosen at run time through [`Isa`]. Nothing here
+//! Every kernel is compiled twice (see [`multiversion!`]): for the crate's baseline target and
+//! with AVX2 and FMA, chosen at run time through [`Isa`]. Nothing here
 //! allocates: padded rows live on the stack.
 
 use super::params::MAX_RADIUS;
@@ -32,12 +32,24 @@ enum IsaKind {
 }
 
 impl Isa {
-    /// The best instruction set this CPU runs.
+    /// The best instruction set this CPU runs, or the baseline when `TOONFLOW_CPU_ISA=baseline`
+    /// (to measure what a CPU without AVX2 gets).
     pub fn detect() -> Isa {
+        if std::env::var("TOONFLOW_CPU_ISA").as_deref() == Ok("baseline") {
+            return Isa::baseline();
+        }
+        Isa::best()
+    }
+
+    fn best() -> Isa {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
-            return Isa(IsaKind::Avx2);
+            use std::arch::is_x86_feature_detected as has;
+            // AVX-512 builds of these kernels measured slower than AVX2 on a Zen 4 (whose
+            // 512-bit units are two 256-bit ones), so AVX2 is the top.
+            if has!("avx2") && has!("fma") {
+                return Isa(IsaKind::Avx2);
+            }
         }
         Isa(IsaKind::Baseline)
     }
@@ -56,22 +68,23 @@ impl Isa {
     }
 }
 
-/// Defines `pub fn $name(isa: Isa, args…)` that runs `$body` compiled for `isa`.
+/// Defines `pub fn $name(isa: Isa, args…)` that runs `$body` compiled for `isa`: one body,
+/// generic over its multiply-add `M` ([`Arith`]), built once per instruction set.
 macro_rules! multiversion {
     ($(#[$meta:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$meta])*
         #[allow(clippy::too_many_arguments)]
         pub fn $name(isa: Isa, $($arg: $ty),*) {
             #[inline(always)]
-            #[allow(clippy::too_many_arguments)]
-            fn body($($arg: $ty),*) $body
+            #[allow(clippy::too_many_arguments, clippy::extra_unused_type_parameters)]
+            fn body<M: Arith>($($arg: $ty),*) $body
 
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
                 fn avx2($($arg: $ty),*) {
-                    body($($arg),*)
+                    body::<Fused>($($arg),*)
                 }
                 if isa.0 == IsaKind::Avx2 {
                     // SAFETY: `IsaKind::Avx2` is only chosen by `Isa::detect` on a CPU that
@@ -81,7 +94,7 @@ macro_rules! multiversion {
                 }
             }
             let _ = isa;
-            body($($arg),*)
+            body::<Separate>($($arg),*)
         }
     };
 }
@@ -141,25 +154,151 @@ fn lanes(s: &[f32], at: usize) -> &[f32; LANES] {
     s[at..at + LANES].try_into().unwrap()
 }
 
-/// Luma bilateral tap sum for one pixel (rows narrower than [`LANES`]).
+/// Multiply-add as the build at hand does it best: fused where the kernels are compiled with
+/// FMA, a multiply and an add otherwise (where `mul_add` would be a slow library call).
+pub trait Arith {
+    /// `a·b + c`.
+    fn mad(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// One rounding per multiply-add (the AVX2 build).
+pub struct Fused;
+/// A rounded product then a rounded sum (the baseline build).
+pub struct Separate;
+
+impl Arith for Fused {
+    #[inline(always)]
+    fn mad(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+impl Arith for Separate {
+    #[inline(always)]
+    fn mad(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+/// `2^y` for `y ≤ 0` within 3e-7 relative (0 below 2⁻¹²⁶): the bilateral passes' range
+/// weight `exp(coeff·d²)` as `2^(coeff·log₂e·d²)`. A degree-5 minimax polynomial for the
+/// fraction and the integer put into the exponent bits; the weights only need ~1e-6 (each
+/// enters a normalised sum whose centre weight is 1), which keeps the output within the
+/// reference's rounding.
 #[inline(always)]
-fn bilateral_luma_one(
-    c: f32,
-    taps: usize,
+fn exp2_nonpositive<M: Arith>(y: f32) -> f32 {
+    // Adding 1.5·2²³ rounds to an integer, which then sits in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let y = if y < -125.0 { -125.0 } else { y };
+    let t = y + ROUND;
+    let n = t - ROUND;
+    let f = y - n;
+    let mut p = 1.327_647_2e-3f32;
+    p = M::mad(p, f, 9.675_541e-3);
+    p = M::mad(p, f, 5.550_713_3e-2);
+    p = M::mad(p, f, 2.402_212e-1);
+    p = M::mad(p, f, 0.693_146_97);
+    p = M::mad(p, f, 1.0);
+    let exponent = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32) << 23;
+    f32::from_bits((p.to_bits() as i32).wrapping_add(exponent) as u32)
+}
+
+/// The range distance of two samples of `C` channels (luma: `C = 1`, scale 1; chroma: the
+/// (u, v) pair, scale 100), squared, as the reference sums it.
+#[inline(always)]
+fn distance2<const C: usize>(scale: f32, a: [f32; C], b: [f32; C]) -> f32 {
+    let mut s = 0.0f32;
+    for c in 0..C {
+        let d = scale * (b[c] - a[c]);
+        s += d * d;
+    }
+    s
+}
+
+/// [`distance2`] of `LANES` samples at once: `a[c]` and `b[c]` are the channels' lanes.
+#[inline(always)]
+fn distance2_lanes<const C: usize>(
+    scale: f32,
+    a: [&[f32; LANES]; C],
+    b: [&[f32; LANES]; C],
+) -> [f32; LANES] {
+    let mut out = [0.0f32; LANES];
+    for c in 0..C {
+        for k in 0..LANES {
+            let d = scale * (b[c][k] - a[c][k]);
+            out[k] += d * d;
+        }
+    }
+    out
+}
+
+/// `spatial · 2^(k2·d²)` of `LANES` squared distances: the stored weights of pixel pairs.
+#[inline(always)]
+fn pair_weights<M: Arith>(spatial: f32, k2: f32, d2: [f32; LANES]) -> [f32; LANES] {
+    // A loop, not `map`: a closure handed to a library function may not be inlined, and then
+    // it is not compiled with the kernel's instruction set (no FMA).
+    let mut out = [0.0f32; LANES];
+    for k in 0..LANES {
+        out[k] = spatial * exp2_nonpositive::<M>(k2 * d2[k]);
+    }
+    out
+}
+
+/// One tap of `LANES` pixels of `C` channels: weights `e`, neighbours `n`.
+#[inline(always)]
+fn accumulate<M: Arith, const C: usize>(
+    acc: &mut [[f32; LANES]; C],
+    wsum: &mut [f32; LANES],
+    e: &[f32; LANES],
+    n: [&[f32; LANES]; C],
+) {
+    for c in 0..C {
+        for k in 0..LANES {
+            acc[c][k] = M::mad(e[k], n[c][k], acc[c][k]);
+        }
+    }
+    for k in 0..LANES {
+        wsum[k] += e[k];
+    }
+}
+
+/// The normalised sums of `LANES` pixels into the `C` output planes at `at`.
+#[inline(always)]
+fn store_normalised<const C: usize>(
+    out: &mut [&mut [f32]; C],
+    at: usize,
+    acc: &[[f32; LANES]; C],
+    wsum: &[f32; LANES],
+) {
+    for c in 0..C {
+        let out = &mut out[c][at..][..LANES];
+        for k in 0..LANES {
+            out[k] = acc[c][k] / wsum[k];
+        }
+    }
+}
+
+/// A bilateral tap sum of one pixel of `C` channels, weights evaluated per tap (rows narrower
+/// than [`LANES`] and the border rows of the vertical passes, where taps repeat a row).
+#[inline(always)]
+fn bilateral_one<M: Arith, const C: usize>(
+    centre: [f32; C],
     r: usize,
     spatial: &[f32; MAX_RADIUS + 1],
-    coeff: f32,
-    tap: impl Fn(usize) -> f32,
-) -> f32 {
-    let (mut acc, mut wsum) = (0.0f32, 0.0f32);
-    for t in 0..taps {
+    k2: f32,
+    scale: f32,
+    tap: impl Fn(usize) -> [f32; C],
+) -> [f32; C] {
+    let (mut acc, mut wsum) = ([0.0f32; C], 0.0f32);
+    for t in 0..2 * r + 1 {
         let n = tap(t);
-        let d = n - c;
-        let wgt = spatial[t.abs_diff(r)] * exp_nonpositive(coeff * d * d);
-        acc += wgt * n;
+        let wgt = spatial[t.abs_diff(r)] * exp2_nonpositive::<M>(k2 * distance2(scale, centre, n));
+        for c in 0..C {
+            acc[c] = M::mad(wgt, n[c], acc[c]);
+        }
         wsum += wgt;
     }
-    acc / wsum
+    acc.map(|a| a / wsum)
 }
 
 /// Pixels of a row whose pair weights are computed together in the horizontal passes (their
@@ -183,21 +322,196 @@ fn segments(w: usize) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
-/// Range weights of the pairs (x, x + j), j = 1 ..= r, for the pixels of a segment and the r
-/// before it: `pairs[j][i]` for pixel `start − r + i` (`pairs[0]`, the centre, holds ones). The weight of a pair serves both
-/// its pixels (tap +j of x and tap −j of x + j: the distance only changes sign), so a
-/// horizontal pass evaluates r range weights per pixel instead of 2r.
+/// Horizontal bilateral pass of `C` planes over rows `first..first + rows` (rows of `w`).
+///
+/// The range weight of the pair (x, x + j) serves both its pixels (tap +j of x and tap −j of
+/// x + j: the distance only changes sign), so a pass evaluates r range weights per pixel instead
+/// of 2r; they are stored times the spatial weight of offset j (the product the reference
+/// forms per tap), for a segment of the row at a time, and every chunk of [`LANES`] pixels then
+/// sums its 2r + 1 taps in registers.
 #[inline(always)]
-fn pair_weights(
-    start: usize,
-    len: usize,
+#[allow(clippy::too_many_arguments)]
+fn bilateral_x<M: Arith, const C: usize>(
+    src: [&[f32]; C],
+    scale: f32,
+    w: usize,
+    first: usize,
+    rows: usize,
+    mut out: [&mut [f32]; C],
+    spatial: &[f32; MAX_RADIUS + 1],
     r: usize,
-    pairs: &mut [[f32; PAIR_LEN]; MAX_RADIUS + 1],
-    weight: impl Fn(usize, usize) -> [f32; LANES],
+    coeff: f32,
 ) {
-    for (j, row) in pairs.iter_mut().enumerate().take(r + 1).skip(1) {
-        for i in (0..len + r).step_by(LANES) {
-            row[i..i + LANES].copy_from_slice(&weight(start + i, j));
+    let k2 = coeff * std::f32::consts::LOG2_E;
+    let mut pad = [[0.0f32; MAX_PADDED + PAIR_LEN]; C];
+    // pairs[j][i]: spatial[j] × the range weight of the pair (x, x + j), x = start − r + i;
+    // pairs[0] is the centre tap (range weight exp(0) = 1).
+    let mut pairs = [[0.0f32; PAIR_LEN]; MAX_RADIUS + 1];
+    pairs[0].fill(spatial[0]);
+    for row in 0..rows {
+        let y = first + row;
+        for c in 0..C {
+            pad_row(&src[c][y * w..][..w], r, &mut pad[c]);
+        }
+        let at = |x: usize| -> [f32; C] { std::array::from_fn(|c| pad[c][x]) };
+        if w < LANES {
+            for x in 0..w {
+                let v = bilateral_one::<M, C>(at(x + r), r, spatial, k2, scale, |t| at(x + t));
+                for c in 0..C {
+                    out[c][row * w + x] = v[c];
+                }
+            }
+            continue;
+        }
+        for (start, len) in segments(w) {
+            // Pixel x sits at pad[x + r]; pair (x, x + j) for x = start − r + i starts at
+            // pad[start + i].
+            for (j, pair_row) in pairs.iter_mut().enumerate().take(r + 1).skip(1) {
+                for i in (0..len + r).step_by(LANES) {
+                    let a = std::array::from_fn(|c| lanes(&pad[c], start + i));
+                    let b = std::array::from_fn(|c| lanes(&pad[c], start + i + j));
+                    let d2 = distance2_lanes::<C>(scale, a, b);
+                    pair_row[i..i + LANES].copy_from_slice(&pair_weights::<M>(spatial[j], k2, d2));
+                }
+            }
+            for o in chunk_starts(len) {
+                let (mut acc, mut wsum) = ([[0.0f32; LANES]; C], [0.0f32; LANES]);
+                for t in 0..2 * r + 1 {
+                    // Tap t − r of pixel start + o + k: the neighbour at pad[start + o + k + t],
+                    // the weight of pair (x − m, x) or (x, x + m).
+                    let e = lanes(&pairs[t.abs_diff(r)], t.min(r) + o);
+                    let n = std::array::from_fn(|c| lanes(&pad[c], start + o + t));
+                    accumulate::<M, C>(&mut acc, &mut wsum, e, n);
+                }
+                store_normalised::<C>(&mut out, row * w + start + o, &acc, &wsum);
+            }
+        }
+    }
+}
+
+/// Floats of scratch a vertical bilateral pass needs per band: the pair weights of the last
+/// `r + 1` rows, `r` offsets each, and a row of centre weights.
+pub fn vertical_scratch_len(w: usize, r: usize) -> usize {
+    ((r + 1) * r + 1) * w
+}
+
+/// Where the pair weight of rows (`y`, `y + j`) of the vertical passes lives in the scratch.
+#[inline(always)]
+fn pair_row_at(y: usize, j: usize, r: usize, w: usize) -> usize {
+    ((y % (r + 1)) * r + (j - 1)) * w
+}
+
+/// The pair weights of row `y` with the rows below it, `spatial[j] · w(y, y + j)`, into the
+/// scratch ring of [`bilateral_y`]. (A function, not a closure: closures are not compiled with
+/// the kernel's instruction set.)
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn vertical_pairs<M: Arith, const C: usize>(
+    src: &[&[f32]; C],
+    scale: f32,
+    w: usize,
+    h: usize,
+    y: usize,
+    spatial: &[f32; MAX_RADIUS + 1],
+    r: usize,
+    k2: f32,
+    pairs: &mut [f32],
+) {
+    let row = |c: usize, y: usize| &src[c][y * w..][..w];
+    for j in 1..=r.min(h - 1 - y) {
+        let pair_row = &mut pairs[pair_row_at(y, j, r, w)..][..w];
+        if w < LANES {
+            for (x, e) in pair_row.iter_mut().enumerate() {
+                let a = std::array::from_fn(|c| row(c, y)[x]);
+                let b = std::array::from_fn(|c| row(c, y + j)[x]);
+                *e = spatial[j] * exp2_nonpositive::<M>(k2 * distance2::<C>(scale, a, b));
+            }
+            continue;
+        }
+        for x in chunk_starts(w) {
+            let a = std::array::from_fn(|c| lanes(row(c, y), x));
+            let b = std::array::from_fn(|c| lanes(row(c, y + j), x));
+            let d2 = distance2_lanes::<C>(scale, a, b);
+            pair_row[x..x + LANES].copy_from_slice(&pair_weights::<M>(spatial[j], k2, d2));
+        }
+    }
+}
+
+/// Vertical bilateral pass of `C` planes: output rows `first..first + rows` of `w`×`h` planes.
+///
+/// The range weight of each pair of rows (y, y + j) is evaluated once, for both rows, times the
+/// spatial weight of offset j (`scratch`, at least [`vertical_scratch_len`] floats, holds those
+/// of the last r + 1 rows). The r rows at the top and bottom of the plane, whose taps repeat the
+/// border row at offsets other than their distance, evaluate their weights per tap.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn bilateral_y<M: Arith, const C: usize>(
+    src: [&[f32]; C],
+    scale: f32,
+    w: usize,
+    h: usize,
+    first: usize,
+    rows: usize,
+    mut out: [&mut [f32]; C],
+    spatial: &[f32; MAX_RADIUS + 1],
+    r: usize,
+    coeff: f32,
+    scratch: &mut [f32],
+) {
+    let k2 = coeff * std::f32::consts::LOG2_E;
+    let (centre, pairs) = scratch.split_at_mut(w);
+    centre.fill(spatial[0]);
+    let row = |c: usize, y: usize| &src[c][y * w..][..w];
+    for y in first.saturating_sub(r)..first {
+        vertical_pairs::<M, C>(&src, scale, w, h, y, spatial, r, k2, pairs);
+    }
+    for y in first..first + rows {
+        vertical_pairs::<M, C>(&src, scale, w, h, y, spatial, r, k2, pairs);
+        let o = (y - first) * w;
+        let tap_row = |t: usize| (y + t).saturating_sub(r).min(h - 1);
+        if w >= LANES && (y < r || y + r >= h) {
+            for x in chunk_starts(w) {
+                let centre = std::array::from_fn(|c| lanes(row(c, y), x));
+                let (mut acc, mut wsum) = ([[0.0f32; LANES]; C], [0.0f32; LANES]);
+                for t in 0..2 * r + 1 {
+                    let n = std::array::from_fn(|c| lanes(row(c, tap_row(t)), x));
+                    let d2 = distance2_lanes::<C>(scale, centre, n);
+                    let e = pair_weights::<M>(spatial[t.abs_diff(r)], k2, d2);
+                    accumulate::<M, C>(&mut acc, &mut wsum, &e, n);
+                }
+                store_normalised::<C>(&mut out, o + x, &acc, &wsum);
+            }
+            continue;
+        }
+        if w < LANES {
+            for x in 0..w {
+                let centre = std::array::from_fn(|c| row(c, y)[x]);
+                let v = bilateral_one::<M, C>(centre, r, spatial, k2, scale, |t| {
+                    std::array::from_fn(|c| row(c, tap_row(t))[x])
+                });
+                for c in 0..C {
+                    out[c][o + x] = v[c];
+                }
+            }
+            continue;
+        }
+        // The taps' weight rows: pair (y − m, y) for the rows above, (y, y + m) below.
+        let mut weights: [&[f32]; 2 * MAX_RADIUS + 1] = [&[]; 2 * MAX_RADIUS + 1];
+        for (t, wr) in weights.iter_mut().enumerate().take(2 * r + 1) {
+            let yn = y + t - r;
+            *wr = if t == r {
+                centre
+            } else {
+                &pairs[pair_row_at(y.min(yn), t.abs_diff(r), r, w)..][..w]
+            };
+        }
+        for x in chunk_starts(w) {
+            let (mut acc, mut wsum) = ([[0.0f32; LANES]; C], [0.0f32; LANES]);
+            for (t, wr) in weights.iter().enumerate().take(2 * r + 1) {
+                let n = std::array::from_fn(|c| lanes(row(c, y + t - r), x));
+                accumulate::<M, C>(&mut acc, &mut wsum, lanes(wr, x), n);
+            }
+            store_normalised::<C>(&mut out, o + x, &acc, &wsum);
         }
     }
 }
@@ -214,83 +528,13 @@ multiversion! {
         r: usize,
         coeff: f32,
     ) {
-        let mut pad = [0.0f32; MAX_PADDED + PAIR_LEN];
-        let mut pairs = [[0.0f32; PAIR_LEN]; MAX_RADIUS + 1];
-        pairs[0].fill(1.0);
-        let (mut acc, mut wsum) = ([0.0f32; SEGMENT], [0.0f32; SEGMENT]);
-        for row in 0..rows {
-            let y = first + row;
-            pad_row(&src[y * w..][..w], r, &mut pad);
-            let out = &mut out[row * w..][..w];
-            if w < LANES {
-                for (x, o) in out.iter_mut().enumerate() {
-                    *o = bilateral_luma_one(pad[x + r], 2 * r + 1, r, spatial, coeff, |t| pad[x + t]);
-                }
-                continue;
-            }
-            for (start, len) in segments(w) {
-                // Pixel x sits at pad[x + r]; pair (x, x + j) for x = start − r + i starts at
-                // pad[start + i].
-                let pad = &pad;
-                pair_weights(start, len, r, &mut pairs, |at, j| {
-                    let (a, b) = (lanes(pad, at), lanes(pad, at + j));
-                    std::array::from_fn(|k| {
-                        let d = b[k] - a[k];
-                        exp_nonpositive(coeff * d * d)
-                    })
-                });
-                // Tap by tap over the whole segment (a loop the compiler vectorises reliably).
-                acc[..len].fill(0.0);
-                wsum[..len].fill(0.0);
-                for t in 0..2 * r + 1 {
-                    let s = spatial[t.abs_diff(r)];
-                    // Pixel start + o: neighbour at pad[start + o + t]; tap t − r uses the weight
-                    // of pair (x − m, x) or (x, x + m), 1 at the centre (as exp(0) is), so the
-                    // centre tap's weight is the spatial one exactly.
-                    let n = &pad[start + t..][..len];
-                    let e = &pairs[t.abs_diff(r)][t.min(r)..][..len];
-                    for (((a, ws), &e), &n) in acc[..len].iter_mut().zip(&mut wsum[..len]).zip(e).zip(n) {
-                        let wgt = s * e;
-                        *a += wgt * n;
-                        *ws += wgt;
-                    }
-                }
-                for ((o, a), ws) in out[start..start + len].iter_mut().zip(&acc[..len]).zip(&wsum[..len]) {
-                    *o = a / ws;
-                }
-            }
-        }
+        bilateral_x::<M, 1>([src], 1.0, w, first, rows, [out], spatial, r, coeff);
     }
 }
 
-/// Floats of scratch a vertical bilateral pass needs per band: the pair weights of the last
-/// `r + 1` rows, `r` offsets each.
-pub fn vertical_scratch_len(w: usize, r: usize) -> usize {
-    (r + 1) * r * w
-}
-
-/// Ones, the centre tap's range weight (exp(0)) for a segment.
-const ONES: [f32; SEGMENT] = [1.0; SEGMENT];
-
-/// Where the pair weight of rows (`y`, `y + j`) of the vertical passes lives in the scratch.
-#[inline(always)]
-fn pair_row_at(y: usize, j: usize, r: usize, w: usize) -> usize {
-    ((y % (r + 1)) * r + (j - 1)) * w
-}
-
-/// The pair (`y`, neighbour `yn`) of a vertical tap as (upper row, offset): the weight of pair
-/// (y, y + j) serves tap +j of row y and tap −j of row y + j (the distance only changes sign),
-/// including the clamped border rows. Offset 0 is the centre (weight 1).
-#[inline(always)]
-fn vertical_pair(y: usize, t: usize, r: usize, h: usize) -> (usize, usize) {
-    let yn = (y + t).saturating_sub(r).min(h - 1);
-    (y.min(yn), y.abs_diff(yn))
-}
-
 multiversion! {
-    /// Vertical luma bilateral pass: output rows `first..first + rows` of a `w`×`h` plane.
-    /// The range weight of each pair of rows is evaluated once, for both rows (`scratch`, at
-    /// least [`vertical_scratch_len`] floats, holds those of the last r + 1 rows).
+    /// Vertical luma bilateral pass: output rows `first..first + rows` of a `w`×`h` plane;
+    /// `scratch` holds at least [`vertical_scratch_len`] floats.
     pub fn bilateral_luma_y(
         src: &[f32],
         w: usize,
@@ -303,74 +547,12 @@ multiversion! {
         coeff: f32,
         scratch: &mut [f32],
     ) {
-        let row = |y: usize| &src[y * w..][..w];
-        // A function, not a closure: it is inlined into (and compiled for) the AVX2 version.
-        #[inline(always)]
-        fn pairs_of(src: &[f32], w: usize, h: usize, y: usize, r: usize, coeff: f32, scratch: &mut [f32]) {
-            let row = |y: usize| &src[y * w..][..w];
-            for j in 1..=r.min(h - 1 - y) {
-                let at = pair_row_at(y, j, r, w);
-                for ((e, &a), &b) in scratch[at..at + w].iter_mut().zip(row(y)).zip(row(y + j)) {
-                    let d = b - a;
-                    *e = exp_nonpositive(coeff * d * d);
-                }
-            }
-        }
-        for y in first.saturating_sub(r)..first {
-            pairs_of(src, w, h, y, r, coeff, scratch);
-        }
-        let (mut acc, mut wsum) = ([0.0f32; SEGMENT], [0.0f32; SEGMENT]);
-        for y in first..first + rows {
-            pairs_of(src, w, h, y, r, coeff, scratch);
-            let out = &mut out[(y - first) * w..][..w];
-            for x0 in (0..w).step_by(SEGMENT) {
-                let len = SEGMENT.min(w - x0);
-                acc[..len].fill(0.0);
-                wsum[..len].fill(0.0);
-                for t in 0..2 * r + 1 {
-                    let s = spatial[t.abs_diff(r)];
-                    let (upper, j) = vertical_pair(y, t, r, h);
-                    let n = &row((y + t).saturating_sub(r).min(h - 1))[x0..x0 + len];
-                    let e = if j == 0 {
-                        &ONES[..len]
-                    } else {
-                        &scratch[pair_row_at(upper, j, r, w) + x0..][..len]
-                    };
-                    for (((a, ws), &e), &n) in acc[..len].iter_mut().zip(&mut wsum[..len]).zip(e).zip(n) {
-                        let wgt = s * e;
-                        *a += wgt * n;
-                        *ws += wgt;
-                    }
-                }
-                for ((o, a), ws) in out[x0..x0 + len].iter_mut().zip(&acc[..len]).zip(&wsum[..len]) {
-                    *o = a / ws;
-                }
-            }
-        }
+        bilateral_y::<M, 1>([src], 1.0, w, h, first, rows, [out], spatial, r, coeff, scratch);
     }
 }
 
-#[inline(always)]
-fn bilateral_chroma_one(
-    c: (f32, f32),
-    taps: usize,
-    r: usize,
-    spatial: &[f32; MAX_RADIUS + 1],
-    coeff: f32,
-    tap: impl Fn(usize) -> (f32, f32),
-) -> (f32, f32) {
-    let (mut acc_u, mut acc_v, mut wsum) = (0.0f32, 0.0f32, 0.0f32);
-    for t in 0..taps {
-        let (u, v) = tap(t);
-        let du = 100.0 * (u - c.0);
-        let dv = 100.0 * (v - c.1);
-        let wgt = spatial[t.abs_diff(r)] * exp_nonpositive(coeff * (du * du + dv * dv));
-        acc_u += wgt * u;
-        acc_v += wgt * v;
-        wsum += wgt;
-    }
-    (acc_u / wsum, acc_v / wsum)
-}
+/// The chroma range distance is taken on 100·(u, v), the scale of L (as the reference does).
+const CHROMA_SCALE: f32 = 100.0;
 
 multiversion! {
     /// Horizontal chroma bilateral pass over planar u and v (rows of `w` chroma samples).
@@ -386,65 +568,12 @@ multiversion! {
         r: usize,
         coeff: f32,
     ) {
-        let mut pad_u = [0.0f32; MAX_PADDED / 2 + MAX_RADIUS + PAIR_LEN];
-        let mut pad_v = [0.0f32; MAX_PADDED / 2 + MAX_RADIUS + PAIR_LEN];
-        let mut pairs = [[0.0f32; PAIR_LEN]; MAX_RADIUS + 1];
-        pairs[0].fill(1.0);
-        let (mut acc_u, mut acc_v, mut wsum) = ([0.0f32; SEGMENT], [0.0f32; SEGMENT], [0.0f32; SEGMENT]);
-        for row in 0..rows {
-            let y = first + row;
-            pad_row(&src_u[y * w..][..w], r, &mut pad_u);
-            pad_row(&src_v[y * w..][..w], r, &mut pad_v);
-            let out_u = &mut out_u[row * w..][..w];
-            let out_v = &mut out_v[row * w..][..w];
-            let (pu, pv) = (&pad_u, &pad_v);
-            if w < LANES {
-                for x in 0..w {
-                    (out_u[x], out_v[x]) = bilateral_chroma_one((pu[x + r], pv[x + r]), 2 * r + 1, r, spatial, coeff, |t| (pu[x + t], pv[x + t]));
-                }
-                continue;
-            }
-            for (start, len) in segments(w) {
-                pair_weights(start, len, r, &mut pairs, |at, j| {
-                    let (ua, ub, va, vb) = (lanes(pu, at), lanes(pu, at + j), lanes(pv, at), lanes(pv, at + j));
-                    std::array::from_fn(|k| {
-                        let du = 100.0 * (ub[k] - ua[k]);
-                        let dv = 100.0 * (vb[k] - va[k]);
-                        exp_nonpositive(coeff * (du * du + dv * dv))
-                    })
-                });
-                acc_u[..len].fill(0.0);
-                acc_v[..len].fill(0.0);
-                wsum[..len].fill(0.0);
-                for t in 0..2 * r + 1 {
-                    let s = spatial[t.abs_diff(r)];
-                    let (u, v) = (&pu[start + t..][..len], &pv[start + t..][..len]);
-                    let e = &pairs[t.abs_diff(r)][t.min(r)..][..len];
-                    for ((((au, av), ws), &e), (&u, &v)) in acc_u[..len]
-                        .iter_mut()
-                        .zip(&mut acc_v[..len])
-                        .zip(&mut wsum[..len])
-                        .zip(e)
-                        .zip(u.iter().zip(v))
-                    {
-                        let wgt = s * e;
-                        *au += wgt * u;
-                        *av += wgt * v;
-                        *ws += wgt;
-                    }
-                }
-                for i in 0..len {
-                    out_u[start + i] = acc_u[i] / wsum[i];
-                    out_v[start + i] = acc_v[i] / wsum[i];
-                }
-            }
-        }
+        bilateral_x::<M, 2>([src_u, src_v], CHROMA_SCALE, w, first, rows, [out_u, out_v], spatial, r, coeff);
     }
 }
 
 multiversion! {
-    /// Vertical chroma bilateral pass over planar u and v (a `w`×`h` chroma plane), the pair
-    /// weights shared as in [`bilateral_luma_y`].
+    /// Vertical chroma bilateral pass over planar u and v (a `w`×`h` chroma plane).
     pub fn bilateral_chroma_y(
         src_u: &[f32],
         src_v: &[f32],
@@ -459,66 +588,7 @@ multiversion! {
         coeff: f32,
         scratch: &mut [f32],
     ) {
-        let row_u = |y: usize| &src_u[y * w..][..w];
-        let row_v = |y: usize| &src_v[y * w..][..w];
-        // A function, not a closure: it is inlined into (and compiled for) the AVX2 version.
-        #[inline(always)]
-        #[allow(clippy::too_many_arguments)]
-        fn pairs_of(src_u: &[f32], src_v: &[f32], w: usize, h: usize, y: usize, r: usize, coeff: f32, scratch: &mut [f32]) {
-            let row_u = |y: usize| &src_u[y * w..][..w];
-            let row_v = |y: usize| &src_v[y * w..][..w];
-            for j in 1..=r.min(h - 1 - y) {
-                let at = pair_row_at(y, j, r, w);
-                let (ua, ub, va, vb) = (row_u(y), row_u(y + j), row_v(y), row_v(y + j));
-                for ((e, (&ua, &ub)), (&va, &vb)) in scratch[at..at + w].iter_mut().zip(ua.iter().zip(ub)).zip(va.iter().zip(vb)) {
-                    let du = 100.0 * (ub - ua);
-                    let dv = 100.0 * (vb - va);
-                    *e = exp_nonpositive(coeff * (du * du + dv * dv));
-                }
-            }
-        }
-        for y in first.saturating_sub(r)..first {
-            pairs_of(src_u, src_v, w, h, y, r, coeff, scratch);
-        }
-        let (mut acc_u, mut acc_v, mut wsum) = ([0.0f32; SEGMENT], [0.0f32; SEGMENT], [0.0f32; SEGMENT]);
-        for y in first..first + rows {
-            pairs_of(src_u, src_v, w, h, y, r, coeff, scratch);
-            let out_u = &mut out_u[(y - first) * w..][..w];
-            let out_v = &mut out_v[(y - first) * w..][..w];
-            for x0 in (0..w).step_by(SEGMENT) {
-                let len = SEGMENT.min(w - x0);
-                acc_u[..len].fill(0.0);
-                acc_v[..len].fill(0.0);
-                wsum[..len].fill(0.0);
-                for t in 0..2 * r + 1 {
-                    let s = spatial[t.abs_diff(r)];
-                    let (upper, j) = vertical_pair(y, t, r, h);
-                    let yn = (y + t).saturating_sub(r).min(h - 1);
-                    let (u, v) = (&row_u(yn)[x0..x0 + len], &row_v(yn)[x0..x0 + len]);
-                    let e = if j == 0 {
-                        &ONES[..len]
-                    } else {
-                        &scratch[pair_row_at(upper, j, r, w) + x0..][..len]
-                    };
-                    for ((((au, av), ws), &e), (&u, &v)) in acc_u[..len]
-                        .iter_mut()
-                        .zip(&mut acc_v[..len])
-                        .zip(&mut wsum[..len])
-                        .zip(e)
-                        .zip(u.iter().zip(v))
-                    {
-                        let wgt = s * e;
-                        *au += wgt * u;
-                        *av += wgt * v;
-                        *ws += wgt;
-                    }
-                }
-                for i in 0..len {
-                    out_u[x0 + i] = acc_u[i] / wsum[i];
-                    out_v[x0 + i] = acc_v[i] / wsum[i];
-                }
-            }
-        }
+        bilateral_y::<M, 2>([src_u, src_v], CHROMA_SCALE, w, h, first, rows, [out_u, out_v], spatial, r, coeff, scratch);
     }
 }
 
@@ -806,7 +876,11 @@ pub struct ComposeInputs {
 /// The reference's `pack` rounding: half away from zero, clamped to 0–255.
 #[inline(always)]
 fn to_code(v: f32) -> u8 {
-    v.round().clamp(0.0, 255.0) as u8
+    // The rounded, clamped value is a whole number in 0–255: adding 1.5·2²³ puts it in the low
+    // mantissa bits exactly, where a bit cast reads it. (`as u8` on a float is a saturating
+    // conversion that stays scalar; this vectorises.)
+    let whole = v.round().clamp(0.0, 255.0);
+    (whole + 12_582_912.0).to_bits() as u8
 }
 
 multiversion! {
@@ -875,6 +949,27 @@ mod tests {
     }
 
     #[test]
+    fn exp2_is_within_3e7_relative_in_both_builds() {
+        let check = |exp2: fn(f32) -> f32| {
+            let (mut worst, mut at) = (0.0f64, 0.0f32);
+            let mut y = 0.0f32;
+            while y > -125.0 {
+                let exact = 2f64.powf(y as f64);
+                let e = (exp2(y) as f64 - exact).abs() / exact;
+                if e > worst {
+                    (worst, at) = (e, y);
+                }
+                y -= 0.000_29;
+            }
+            assert!(worst < 3e-7, "worst relative error {worst} at {at}");
+            assert!(exp2(-1000.0) < 1e-37 && exp2(-1000.0) >= 0.0);
+            assert!(exp2(f32::NEG_INFINITY) < 1e-37);
+        };
+        check(exp2_nonpositive::<Separate>);
+        check(exp2_nonpositive::<Fused>);
+    }
+
+    #[test]
     fn tanh_is_within_1e7_of_the_library() {
         let mut x = -12.0f32;
         let mut worst = 0.0f32;
@@ -902,8 +997,8 @@ mod tests {
 
     #[test]
     fn avx2_and_baseline_kernels_agree() {
-        // Both builds evaluate the same expressions without contraction (Rust does not fuse
-        // a·b + c on its own), so they agree bit for bit.
+        // Both builds evaluate the same expressions; the AVX2 one fuses its multiply-adds
+        // (one rounding instead of two), so they agree to a few ulp, not bit for bit.
         let (w, h) = (37, 5);
         let src: Vec<f32> = (0..w * h)
             .map(|i| 50.0 + 40.0 * ((i * 7919 % 101) as f32 / 101.0 - 0.5))
@@ -940,7 +1035,12 @@ mod tests {
             y
         };
         let (a, b) = (run(Isa::detect()), run(Isa::baseline()));
-        assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(worst < 1e-4, "the builds differ by {worst}");
         // Smoothing happened.
         assert!(a.iter().zip(&src).any(|(a, s)| (a - s).abs() > 0.1));
     }

@@ -2,8 +2,10 @@
 //! (engine.rs) chooses the backend and makes the picture, the properties are declared in
 //! properties.rs and the statistics kept in stats.rs.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
+
+use cudarc::driver::CudaContext;
 
 use gst::glib;
 use gst::prelude::*;
@@ -17,8 +19,9 @@ use super::engine::{Engine, EngineEvent, FrameOutcome, Level, StreamFormat};
 use super::properties;
 use super::settings::{BackendChoice, Settings};
 use super::stats::Stats;
-use super::{frames, pool};
+use super::{frames, hostmem, pool};
 use crate::cuda::gstcuda::{self, GstCudaContext};
+use crate::cuda::{self, hostreg::Verdict};
 use crate::pipeline::FrameGeometry;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -77,8 +80,51 @@ impl Toonflow {
         }
     }
 
-    fn cuda_device(&self) -> Option<u32> {
-        self.state.lock().as_ref()?.engine.cuda_device()
+    /// The CUDA context host buffers are page-locked in (pinned pools, registrations): the
+    /// shared one, else the device's primary context; `None` when the engine is not on CUDA.
+    fn host_context(&self) -> Option<Arc<CudaContext>> {
+        let state = self.state.lock();
+        let state = state.as_ref()?;
+        self.host_context_of(&state.engine, state.shared.as_ref())
+    }
+
+    fn host_context_of(
+        &self,
+        engine: &Engine,
+        shared: Option<&SharedContext>,
+    ) -> Option<Arc<CudaContext>> {
+        let device_id = engine.cuda_device()?;
+        match shared {
+            Some(shared) => Some(shared.cuda.clone()),
+            None => cuda::context::context(device_id as usize)
+                .inspect_err(|e| gst::warning!(CAT, imp = self, "no CUDA context: {e}"))
+                .ok(),
+        }
+    }
+
+    /// Registers the system-memory sides' buffers with the driver when they are reused (see
+    /// hostmem.rs), so their copies run at page-locked speed.
+    fn prepare_host_memory(
+        &self,
+        buffers: [(&gst::BufferRef, MemoryKind); 2],
+        frame_bytes: usize,
+        ctx: &Arc<CudaContext>,
+    ) {
+        for (side, (buffer, kind)) in ["input", "output"].into_iter().zip(buffers) {
+            if kind != MemoryKind::System {
+                continue;
+            }
+            match hostmem::prepare(buffer, frame_bytes, ctx) {
+                Verdict::NewlyRegistered => gst::debug!(
+                    CAT,
+                    imp = self,
+                    "{side} buffer memory registered with the driver ({:?})",
+                    cuda::hostreg::Registry::global().counts()
+                ),
+                Verdict::Fast => {}
+                other => gst::log!(CAT, imp = self, "{side} buffer memory: {other:?}"),
+            }
+        }
     }
 
     /// Settings under which the classic CUDA pipeline may run (no CPU backend, no model).
@@ -382,7 +428,7 @@ impl BaseTransformImpl for Toonflow {
     ) -> Result<(), gst::LoggableError> {
         self.parent_propose_allocation(decide_query, query)?;
         query.add_allocation_meta::<gst_video::VideoMeta>(None);
-        let Some(device_id) = self.cuda_device() else {
+        let Some(ctx) = self.host_context() else {
             return Ok(());
         };
         let shared = self.state.lock().as_ref().and_then(|s| s.shared.clone());
@@ -395,11 +441,7 @@ impl BaseTransformImpl for Toonflow {
             }
             return Ok(());
         }
-        if shared.is_some_and(|s| s.adopted) {
-            // Pinned pools belong to the primary context, which an adopted pipeline never makes.
-            return Ok(());
-        }
-        self.log_pool(pool::offer_upstream(query, device_id as usize));
+        self.log_pool(pool::offer_upstream(query, ctx));
         Ok(())
     }
 
@@ -425,10 +467,8 @@ impl BaseTransformImpl for Toonflow {
                 imp = self,
                 "output buffers from a CUDA pool ({size} bytes)"
             );
-        } else if let Some(device_id) = self.cuda_device()
-            && !shared.is_some_and(|s| s.adopted)
-        {
-            self.log_pool(pool::use_for_output(query, device_id as usize));
+        } else if let Some(ctx) = self.host_context() {
+            self.log_pool(pool::use_for_output(query, ctx));
         }
         self.parent_decide_allocation(query)
     }
@@ -497,6 +537,13 @@ impl BaseTransformImpl for Toonflow {
             .format()
             .ok_or(gst::FlowError::NotNegotiated)?
             .geometry;
+        if let Some(ctx) = self.host_context_of(engine, state_shared.as_ref()) {
+            self.prepare_host_memory(
+                [(inbuf.as_ref(), memory[0]), (&*outbuf, memory[1])],
+                info.size(),
+                &ctx,
+            );
+        }
         let mapped = match (&state_shared, engine.runs_on_gpu()) {
             // Frames in GstCudaMemory of the shared context go to the GPU without a PCIe copy.
             (Some(shared), true) if memory != [MemoryKind::System; 2] => {

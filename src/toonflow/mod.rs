@@ -6,6 +6,7 @@ use gst::prelude::*;
 mod cuda_memory;
 mod engine;
 mod frames;
+mod hostmem;
 mod imp;
 mod lines;
 mod neural_cpu;
