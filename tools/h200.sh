@@ -4,7 +4,7 @@
 #                                       GStreamer runtime, frei0r's cartoon filter)
 #   there:  source .gpu/env.sh && tools/h200.sh <step...>
 #           steps: parity fast-parity report fast-report element faults soak bench real
-#                  neural-bench peer stats sanitize
+#                  neural-bench neural-speed peer stats sanitize
 # Writes logs under $OUT when set.
 set -uo pipefail
 if [ "${1:-}" = "--pack" ]; then
@@ -64,6 +64,10 @@ for step in "$@"; do
                     ((code == 0)) || { echo "exit $code"; rc=1; }
                 done
             done ;;
+        neural-speed) # the network's launches alone (graph replay), the generated models, the real
+            # tiny when TOONFLOW_ANIMEGAN_DIR holds it, and hayao_class; 720p/1080p/4K
+            for t in .gpu/tests/neural_cuda-*; do TOONFLOW_NEURAL_BENCH=1 "$t" --nocapture --test-threads=1 speed 2>&1 |
+                tee -a "$out/neural-speed.txt" | grep -E "ms/frame|panicked" || rc=1; done ;;
         stats) gst-launch-1.0 -m videotestsrc num-buffers=300 ! video/x-raw,format=NV12,width=1920,height=1080 ! \
                    toonflow stats-interval=100 ! fakesink 2>&1 | grep -E "toonflow-stats" | tail -2 ;;
     esac
