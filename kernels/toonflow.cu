@@ -26,7 +26,7 @@
 // The host prepends the ABI this file relies on, generated from Rust (src/cuda/abi.rs): the
 // blocks ToonParams, TfControl, TfState and TfFrame, and the shared constants TF_MAX_RADIUS,
 // TF_THUMB_W/H, TF_HIST_BINS, TF_MAX_HISTORY, TF_AUTO_LEVELS_CLIP, TF_AUTO_LEVELS_MIN_SPREAD and
-// the launch block sizes TF_TILE_BX/BY, TF_BIL_BX/BY, TF_BILY_BX/BY/ROWS, TF_ANALYZE_THREADS.
+// the launch block sizes TF_TILE_BX/BY, TF_BIL_BX/BY/COLS, TF_BILY_BX/BY/ROWS, TF_ANALYZE_THREADS.
 
 // Range and motion weights exp(coeff * d2). By default one hardware ex2 (MUFU.EX2, ~2 ulp) of
 // coeff * log2(e) * d2: the weights differ from the CPU's exp by a few parts in 10^7, far below
@@ -368,12 +368,14 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
 // chroma 3, DoG 4: spatial sigma 3, edge sigma 1) and stay loops for other radii; both sum in
 // the CPU reference's order (j = -r .. r), so the unrolled and the generic code agree bit for bit.
 //
-// x pass: block TF_BIL_BX x TF_BIL_BY, one output per thread, a row tile per thread row; grid.y
-// covers the luma rows (the first `luma_blocks_y` rows of blocks), then the chroma rows.
+// x pass: block TF_BIL_BX x TF_BIL_BY, TF_BIL_COLS consecutive outputs per thread, a row tile
+// per thread row; grid.y covers the luma rows (the first `luma_blocks_y` rows of blocks), then
+// the chroma rows.
 // y pass: block TF_BILY_BX x TF_BILY_BY, TF_BILY_ROWS outputs per thread down a column, a column
 // tile of TF_BILY_BY * TF_BILY_ROWS rows plus the halo; grid.y as for the x pass.
 
-#define TF_XT_W (TF_BIL_BX + 2 * TF_MAX_RADIUS)
+#define TF_XT_COLS (TF_BIL_BX * TF_BIL_COLS)
+#define TF_XT_W (TF_XT_COLS + 2 * TF_MAX_RADIUS)
 #define TF_YT_ROWS (TF_BILY_BY * TF_BILY_ROWS)
 #define TF_YT_H (TF_YT_ROWS + 2 * TF_MAX_RADIUS)
 
@@ -471,20 +473,20 @@ __device__ __forceinline__ float tf_gauss_at(At at, const float* __restrict__ g,
     return r == TF_EDGE_R ? tf_gauss<TF_EDGE_R>(at, g, r) : tf_gauss<-1>(at, g, r);
 }
 
-// Row y of a luma plane, columns x0 - halo .. x0 + TF_BIL_BX + halo - 1 (replicated), into
+// Row y of a luma plane, columns x0 - halo .. x0 + TF_XT_COLS + halo - 1 (replicated), into
 // tile[0 ..]; the threads of one block row share the work.
 __device__ __forceinline__ void tf_load_row(float* tile, const tf_store* __restrict__ plane, int y, int W, int x0,
                                             int halo)
 {
     const tf_store* row = plane + (long)y * W;
-    for (int i = threadIdx.x; i < TF_BIL_BX + 2 * halo; i += TF_BIL_BX) tile[i] = tf_ld(row, tf_clampi(x0 - halo + i, 0, W - 1));
+    for (int i = threadIdx.x; i < TF_XT_COLS + 2 * halo; i += TF_BIL_BX) tile[i] = tf_ld(row, tf_clampi(x0 - halo + i, 0, W - 1));
 }
 
 __device__ __forceinline__ void tf_load_row2(float2* tile, const tf_store* __restrict__ plane, int y, int cw, int x0,
                                              int halo)
 {
     const tf_store* row = plane + 2L * (long)y * cw;
-    for (int i = threadIdx.x; i < TF_BIL_BX + 2 * halo; i += TF_BIL_BX) tile[i] = tf_ld2(row, tf_clampi(x0 - halo + i, 0, cw - 1));
+    for (int i = threadIdx.x; i < TF_XT_COLS + 2 * halo; i += TF_BIL_BX) tile[i] = tf_ld2(row, tf_clampi(x0 - halo + i, 0, cw - 1));
 }
 
 // The DoG x pass of luma row tile s (centre at s[0]) into dog1/dog2 at idx.
@@ -497,6 +499,26 @@ __device__ __forceinline__ void tf_dog_x_at(const ToonParams* __restrict__ p, co
     dog2[idx] = tf_gauss_at(at, p->edge_gauss2, er);
 }
 
+// N consecutive outputs of one thread, whose taps lie at first[i * step], i = 0 .. N + 2R - 1 (in
+// a shared tile: along a row for the x pass, down a column for the y pass); store(q, value)
+// writes output q. With R known at compile time the taps are first copied into registers (each
+// shared value read once for all N outputs); otherwise the taps read the tile.
+template <int RF, int N, typename T, typename Store>
+__device__ __forceinline__ void tf_strip(const T* first, int step, int r, const float* t, float w0, float k, Store store)
+{
+    if (RF >= 0) {
+        const int R = RF >= 0 ? RF : 0;
+        T v[N + 2 * R];
+#pragma unroll
+        for (int i = 0; i < N + 2 * R; ++i) v[i] = first[i * step];
+#pragma unroll
+        for (int q = 0; q < N; ++q) store(q, tf_bil<RF>(&v[R + q], 1, t, w0, k, r));
+    } else {
+#pragma unroll
+        for (int q = 0; q < N; ++q) store(q, tf_bil<-1>(&first[(r + q) * step], step, t, w0, k, r));
+    }
+}
+
 extern "C" __global__ void tf_bilateral_x(const ToonParams* __restrict__ p, const tf_store* __restrict__ L,
                                           const tf_store* __restrict__ UV, tf_store* __restrict__ Lo,
                                           tf_store* __restrict__ UVo, float* __restrict__ dog1,
@@ -506,8 +528,10 @@ extern "C" __global__ void tf_bilateral_x(const ToonParams* __restrict__ p, cons
     __shared__ float2 sc[TF_BIL_BY][TF_XT_W];
     __shared__ float tab[2][TF_MAX_RADIUS + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int x0 = blockIdx.x * TF_BIL_BX;
-    const int x = x0 + tx;
+    const int x0 = blockIdx.x * TF_XT_COLS;
+    // The thread's outputs: columns x .. x + TF_BIL_COLS - 1, tile columns c0 .. (+ halo).
+    const int c0 = tx * TF_BIL_COLS;
+    const int x = x0 + c0;
     const float k = tf_range_scale(p->range_coeff);
     tf_fill_tap_tables(p, tab);
     if ((int)blockIdx.y < luma_blocks_y) {
@@ -519,10 +543,20 @@ extern "C" __global__ void tf_bilateral_x(const ToonParams* __restrict__ p, cons
         if (y < H) tf_load_row(sl[ty], L, y, W, x0, halo);
         __syncthreads();
         if (x >= W || y >= H) return;
-        const float* s = &sl[ty][tx + halo];
         const long idx = (long)y * W + x;
-        tf_st(Lo, idx, tf_bil_luma_at(s, 1, p, tab[0], k));
-        if (dog) tf_dog_x_at(p, s, idx, dog1, dog2);
+        const float w0 = p->luma_spatial[0];
+        const auto store = [&](int q, float v) {
+            if (x + q < W) tf_st(Lo, idx + q, v);
+        };
+        const float* first = &sl[ty][c0 + halo - r];
+        if (r == TF_LUMA_R) {
+            tf_strip<TF_LUMA_R, TF_BIL_COLS>(first, 1, r, tab[0], w0, k, store);
+        } else {
+            tf_strip<-1, TF_BIL_COLS>(first, 1, r, tab[0], w0, k, store);
+        }
+        if (dog) {
+            for (int q = 0; q < TF_BIL_COLS && x + q < W; ++q) tf_dog_x_at(p, &sl[ty][c0 + q + halo], idx + q, dog1, dog2);
+        }
     } else {
         const int cw = p->chroma_width, ch = p->chroma_height;
         if (x0 >= cw) return;
@@ -531,28 +565,17 @@ extern "C" __global__ void tf_bilateral_x(const ToonParams* __restrict__ p, cons
         if (y < ch) tf_load_row2(sc[ty], UV, y, cw, x0, r);
         __syncthreads();
         if (x >= cw || y >= ch) return;
-        tf_st2(UVo, (long)y * cw + x, tf_bil_chroma_at(&sc[ty][tx + r], 1, p, tab[1], k));
-    }
-}
-
-// The outputs of one y-pass thread: its TF_BILY_ROWS consecutive output rows, whose taps lie in
-// col[0 .. TF_BILY_ROWS + 2R) (stride TF_BILY_BX: the shared tile from the thread's first tap row
-// down); store(q, value) writes output row q. With R known at compile time the column is first
-// copied into registers (each shared value read once for all the thread's rows); otherwise the
-// taps read the tile.
-template <int RF, typename T, typename Store>
-__device__ __forceinline__ void tf_column(const T* col, int r, const float* t, float w0, float k, Store store)
-{
-    if (RF >= 0) {
-        const int R = RF >= 0 ? RF : 0;
-        T v[TF_BILY_ROWS + 2 * R];
-#pragma unroll
-        for (int i = 0; i < TF_BILY_ROWS + 2 * R; ++i) v[i] = col[i * TF_BILY_BX];
-#pragma unroll
-        for (int q = 0; q < TF_BILY_ROWS; ++q) store(q, tf_bil<RF>(&v[R + q], 1, t, w0, k, r));
-    } else {
-#pragma unroll
-        for (int q = 0; q < TF_BILY_ROWS; ++q) store(q, tf_bil<-1>(&col[(r + q) * TF_BILY_BX], TF_BILY_BX, t, w0, k, r));
+        const long idx = (long)y * cw + x;
+        const float w0 = p->chroma_spatial[0];
+        const auto store = [&](int q, float2 v) {
+            if (x + q < cw) tf_st2(UVo, idx + q, v);
+        };
+        const float2* first = &sc[ty][c0];
+        if (r == TF_CHROMA_R) {
+            tf_strip<TF_CHROMA_R, TF_BIL_COLS>(first, 1, r, tab[1], w0, k, store);
+        } else {
+            tf_strip<-1, TF_BIL_COLS>(first, 1, r, tab[1], w0, k, store);
+        }
     }
 }
 
@@ -587,9 +610,9 @@ extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, cons
         };
         const float* col = &t[row0 * TF_BILY_BX + tx];
         if (r == TF_LUMA_R) {
-            tf_column<TF_LUMA_R>(col, r, tab[0], w0, k, store);
+            tf_strip<TF_LUMA_R, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[0], w0, k, store);
         } else {
-            tf_column<-1>(col, r, tab[0], w0, k, store);
+            tf_strip<-1, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[0], w0, k, store);
         }
     } else {
         const int cw = p->chroma_width, ch = p->chroma_height;
@@ -609,9 +632,9 @@ extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, cons
         };
         const float2* col = &tile[row0 * TF_BILY_BX + tx];
         if (r == TF_CHROMA_R) {
-            tf_column<TF_CHROMA_R>(col, r, tab[1], w0, k, store);
+            tf_strip<TF_CHROMA_R, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[1], w0, k, store);
         } else {
-            tf_column<-1>(col, r, tab[1], w0, k, store);
+            tf_strip<-1, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[1], w0, k, store);
         }
     }
 }
@@ -624,14 +647,15 @@ extern "C" __global__ void tf_dog_x(const ToonParams* __restrict__ p, const tf_s
     __shared__ float sl[TF_BIL_BY][TF_XT_W];
     const int W = p->width, H = p->height;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int x0 = blockIdx.x * TF_BIL_BX;
-    const int x = x0 + tx;
+    const int x0 = blockIdx.x * TF_XT_COLS;
+    const int c0 = tx * TF_BIL_COLS;
+    const int x = x0 + c0;
     const int y = blockIdx.y * TF_BIL_BY + ty;
     const int er = p->edge_radius;
     if (y < H) tf_load_row(sl[ty], L, y, W, x0, er);
     __syncthreads();
     if (x >= W || y >= H) return;
-    tf_dog_x_at(p, &sl[ty][tx + er], (long)y * W + x, dog1, dog2);
+    for (int q = 0; q < TF_BIL_COLS && x + q < W; ++q) tf_dog_x_at(p, &sl[ty][c0 + q + er], (long)y * W + x + q, dog1, dog2);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@ use crate::pipeline::params::{
 /// Block of `tf_unpack`, `tf_temporal` and `tf_final`: one thread per chroma sample, so a block
 /// covers a (2·x)×(2·y) luma tile; `tf_unpack` sizes its shared thumbnail tile from it.
 pub const TILE_BLOCK: (u32, u32) = (32, 8);
-/// Block of `tf_bilateral_x` and `tf_dog_x`: one output per thread, a row tile per thread row.
+/// Block of `tf_bilateral_x` and `tf_dog_x`: [`BILATERAL_X_COLS`] outputs per thread along its
+/// row, a row tile per thread row (a block covers 256 columns × 4 rows).
 pub const BILATERAL_BLOCK: (u32, u32) = (64, 4);
+pub const BILATERAL_X_COLS: u32 = 4;
 /// Block of `tf_bilateral_y`: each thread takes [`BILATERAL_Y_ROWS`] outputs down its column, so
 /// a block covers 32 columns × 32 rows from one shared column tile (its halo shared by 32 rows).
 pub const BILATERAL_Y_BLOCK: (u32, u32) = (32, 8);
@@ -80,6 +82,7 @@ pub fn defines() -> Vec<Define> {
         Define::int("TF_TILE_BY", TILE_BLOCK.1),
         Define::int("TF_BIL_BX", BILATERAL_BLOCK.0),
         Define::int("TF_BIL_BY", BILATERAL_BLOCK.1),
+        Define::int("TF_BIL_COLS", BILATERAL_X_COLS),
         Define::int("TF_BILY_BX", BILATERAL_Y_BLOCK.0),
         Define::int("TF_BILY_BY", BILATERAL_Y_BLOCK.1),
         Define::int("TF_BILY_ROWS", BILATERAL_Y_ROWS),

@@ -5,8 +5,8 @@
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg, sys};
 
 use super::abi::{
-    ANALYZE_THREADS, BILATERAL_BLOCK, BILATERAL_Y_BLOCK, BILATERAL_Y_ROWS, CONTROL_OFFSET,
-    TILE_BLOCK,
+    ANALYZE_THREADS, BILATERAL_BLOCK, BILATERAL_X_COLS, BILATERAL_Y_BLOCK, BILATERAL_Y_ROWS,
+    CONTROL_OFFSET, TILE_BLOCK,
 };
 use super::error::{CudaError, driver};
 use super::graph::GraphKey;
@@ -74,14 +74,19 @@ fn grid(width: u32, height: u32, block: (u32, u32)) -> LaunchConfig {
 }
 
 /// The grid of a bilateral pass over a `width`×`height` frame with blocks of `block` threads,
-/// each thread taking `rows` outputs down its column: the luma rows' blocks, then the chroma
-/// rows' blocks (x as for luma, the chroma blocks past the chroma width exit at once). Also
-/// returns the number of luma block rows, the kernel's `luma_blocks_y`.
-fn bilateral_grid(width: u32, height: u32, block: (u32, u32), rows: u32) -> (LaunchConfig, i32) {
+/// each thread taking `(cols, rows)` outputs (along its row, down its column): the luma rows'
+/// blocks, then the chroma rows' blocks (x as for luma, the chroma blocks past the chroma width
+/// exit at once). Also returns the number of luma block rows, the kernel's `luma_blocks_y`.
+fn bilateral_grid(
+    width: u32,
+    height: u32,
+    block: (u32, u32),
+    (cols, rows): (u32, u32),
+) -> (LaunchConfig, i32) {
     let block_rows = block.1 * rows;
     let luma = height.div_ceil(block_rows);
     let chroma = height.div_ceil(2).div_ceil(block_rows);
-    let mut cfg = grid(width, 1, block);
+    let mut cfg = grid(width.div_ceil(cols), 1, block);
     cfg.grid_dim.1 = luma + chroma;
     (cfg, luma as i32)
 }
@@ -109,8 +114,8 @@ pub(crate) fn enqueue_frame(
     // One thread per chroma sample.
     let tile = grid(cw, ch, TILE_BLOCK);
     // The luma rows' blocks, then the chroma rows' blocks, in one launch (x and y passes).
-    let (bil_x, luma_blocks_x) = bilateral_grid(w, h, BILATERAL_BLOCK, 1);
-    let (bil_y, luma_blocks_y) = bilateral_grid(w, h, BILATERAL_Y_BLOCK, BILATERAL_Y_ROWS);
+    let (bil_x, luma_blocks_x) = bilateral_grid(w, h, BILATERAL_BLOCK, (BILATERAL_X_COLS, 1));
+    let (bil_y, luma_blocks_y) = bilateral_grid(w, h, BILATERAL_Y_BLOCK, (1, BILATERAL_Y_ROWS));
     let luma_elems = (w as i64) * (h as i64);
     let slot_elems = luma_elems + 2 * (cw as i64) * (ch as i64);
 
@@ -200,7 +205,7 @@ pub(crate) fn enqueue_frame(
                 .arg(&p.feat_l)
                 .arg(&p.dog1)
                 .arg(&p.dog2)
-                .launch(grid(w, h, BILATERAL_BLOCK))
+                .launch(grid(w.div_ceil(BILATERAL_X_COLS), h, BILATERAL_BLOCK))
                 .map_err(driver("tf_dog_x"))?;
         }
     }
@@ -232,22 +237,23 @@ mod tests {
             let tile = grid(cw, ch, TILE_BLOCK);
             assert_eq!(tile.grid_dim, (cw.div_ceil(32), ch.div_ceil(8), 1));
             assert_eq!(tile.block_dim, (32, 8, 1));
-            let (bil, luma_rows) = bilateral_grid(w, h, BILATERAL_BLOCK, 1);
+            let (bil, luma_rows) = bilateral_grid(w, h, BILATERAL_BLOCK, (BILATERAL_X_COLS, 1));
             assert_eq!(
                 bil.grid_dim,
-                (w.div_ceil(64), h.div_ceil(4) + ch.div_ceil(4), 1)
+                (w.div_ceil(256), h.div_ceil(4) + ch.div_ceil(4), 1)
             );
             assert_eq!(bil.block_dim, (64, 4, 1));
             assert_eq!(luma_rows as u32, h.div_ceil(4));
-            let (bil_y, luma_rows_y) = bilateral_grid(w, h, BILATERAL_Y_BLOCK, BILATERAL_Y_ROWS);
+            let (bil_y, luma_rows_y) =
+                bilateral_grid(w, h, BILATERAL_Y_BLOCK, (1, BILATERAL_Y_ROWS));
             assert_eq!(
                 bil_y.grid_dim,
                 (w.div_ceil(32), h.div_ceil(32) + ch.div_ceil(32), 1)
             );
             assert_eq!(bil_y.block_dim, (32, 8, 1));
             assert_eq!(luma_rows_y as u32, h.div_ceil(32));
-            let dog = grid(w, h, BILATERAL_BLOCK);
-            assert_eq!(dog.grid_dim, (w.div_ceil(64), h.div_ceil(4), 1));
+            let dog = grid(w.div_ceil(BILATERAL_X_COLS), h, BILATERAL_BLOCK);
+            assert_eq!(dog.grid_dim, (w.div_ceil(256), h.div_ceil(4), 1));
         }
         let analyze = grid(ANALYZE_THREADS, 1, (ANALYZE_THREADS, 1));
         assert_eq!(analyze.grid_dim, (1, 1, 1));
