@@ -10,6 +10,9 @@
 //   nn_conv_<in><out>  direct convolution on CUDA cores: Pad (reflect/edge/constant) and the
 //                      convolution's zero padding folded into the index math, bias and the
 //                      activation in the epilogue; NN_CONV_OCB output channels per thread
+//   nn_conv_mma_<in><out>_<nt>  the same on tensor cores (sm_80+, implicit GEMM, below), which
+//                      can also fold the Resize or layout Transpose before it into its gather
+//                      and the output Transpose after it into its epilogue
 //   nn_moments         per-channel mean and variance (double sums; the last block of a channel
 //                      finishes it) and the temporal statistics smoother
 //   nn_norm_apply      InstanceNormalization's (x - mean) / sqrt(var + eps) * scale + bias, act
@@ -255,8 +258,8 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const int rows = (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
     const int cols = (NN_TC_COLS - 1) * p->sw + (p->kw - 1) * p->dw + 1;
     const int py0 = oy0 * p->sh - p->conv_pt, px0 = ox0 * p->sw - p->conv_pl;
-    const long long plane = (long long)p->h * p->w_in;
     const unsigned short* __restrict__ x = (const unsigned short*)p->x;
+    const float* __restrict__ xf = (const float*)p->x;
     const uint2* __restrict__ wf = (const uint2*)p->wh;
     const unsigned short fill_bits = nn_f2h(p->pad_value);
     float acc[2][NT][4];
@@ -279,7 +282,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             const int ix = nn_pad_index(px - p->pad_l, p->w_in, p->pad_mode);
             const bool inside = !zero && iy >= 0 && ix >= 0;
             const unsigned short fill = zero ? (unsigned short)0 : fill_bits;
-            const long long off = inside ? (long long)iy * p->w_in + ix : 0;
+            const long long off = inside ? (long long)iy * p->x_rs + (long long)ix * p->x_ps : 0;
             unsigned int* dst = (unsigned int*)(tile + e * NN_TC_PIX);
             if (p->rs_taps) {
                 // a folded Resize: each value from the Resize's input through its taps, rounded
@@ -300,14 +303,29 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                 }
                 continue;
             }
+            if (p->x_f32) {
+                // the network's fp32 input (its layout Transpose folded): rounded to fp16 here,
+                // as the Transpose's fp16 output would be
+#pragma unroll
+                for (int c2 = 0; c2 < 8; c2++) {
+                    const int ic = kc * 16 + 2 * c2;
+                    unsigned short lo = 0, hi = 0;
+                    if (ic < cin)
+                        lo = inside ? nn_f2h(__ldg(xf + (long long)ic * p->x_cs + off)) : fill;
+                    if (ic + 1 < cin)
+                        hi = inside ? nn_f2h(__ldg(xf + (long long)(ic + 1) * p->x_cs + off)) : fill;
+                    dst[c2] = (unsigned int)lo | ((unsigned int)hi << 16);
+                }
+                continue;
+            }
 #pragma unroll
             for (int c2 = 0; c2 < 8; c2++) {
                 const int ic = kc * 16 + 2 * c2;
                 unsigned short lo = 0, hi = 0;
                 if (ic < cin)
-                    lo = inside ? __ldg(x + ic * plane + off) : fill;
+                    lo = inside ? __ldg(x + (long long)ic * p->x_cs + off) : fill;
                 if (ic + 1 < cin)
-                    hi = inside ? __ldg(x + (ic + 1) * plane + off) : fill;
+                    hi = inside ? __ldg(x + (long long)(ic + 1) * p->x_cs + off) : fill;
                 dst[c2] = (unsigned int)lo | ((unsigned int)hi << 16);
             }
         }
@@ -347,10 +365,10 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         }
     }
     typename O::T* __restrict__ y = (typename O::T*)p->y;
-    const long long oplane = (long long)p->oh * p->ow;
     const int oy = oy0 + warp;
     if (oy >= p->oh)
         return;
+    const long long row = (long long)oy * p->y_rs;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
         if (n >= ntn)
@@ -366,9 +384,12 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     const int ox = ox0 + m * 16 + g + 8 * r;
-                    if (ox < p->ow)
-                        O::store(y, oc * oplane + (long long)oy * p->ow + ox,
-                                 nn_activate(acc[m][n][2 * r + j] + bias, p->act, p->act_a, p->act_b));
+                    if (ox >= p->ow)
+                        continue;
+                    float v = nn_activate(acc[m][n][2 * r + j] + bias, p->act, p->act_a, p->act_b);
+                    if (p->y_round) // a folded output Transpose after an fp16-stored stage
+                        v = nn_h2f(nn_f2h(v));
+                    O::store(y, (long long)oc * p->y_cs + row + (long long)ox * p->y_ps, v);
                 }
             }
         }

@@ -112,6 +112,18 @@ pub struct NnConv {
     pub act_b: f32,
     pub rs_h: i32,
     pub rs_w: i32,
+    /// Tensor-core path: element strides of the input per channel, row and pixel (NCHW, or
+    /// NHWC when the input Transpose is folded), and whether it is fp32.
+    pub x_cs: i32,
+    pub x_rs: i32,
+    pub x_ps: i32,
+    pub x_f32: i32,
+    /// Tensor-core path: element strides of the output (NHWC when the output Transpose is
+    /// folded), and whether to round to fp16 before storing (the folded stage's storage).
+    pub y_cs: i32,
+    pub y_rs: i32,
+    pub y_ps: i32,
+    pub y_round: i32,
 }
 }
 
@@ -417,7 +429,8 @@ pub struct Program {
     pub stage_outputs: Vec<Vec<Place>>,
     /// Bytes of weights and constants in the static block.
     pub weight_bytes: u64,
-    /// Stages with no launch of their own: Resizes folded into the next stage's convolution.
+    /// Stages with no launch of their own: Resizes and layout Transposes folded into the
+    /// neighbouring stage's tensor-core convolution.
     pub folded_stages: Vec<usize>,
 }
 
@@ -559,44 +572,108 @@ fn conv_geometry(l: &Lowered, s: &Stage) -> Option<ConvGeometry> {
     ))
 }
 
-/// Resize stages folded into the convolution of the stage right after them (conv stage →
-/// Resize stage): the Resize's output has that one reader, as the convolution's input (before
-/// its Pad), both tensors are fp16 and the convolution runs on tensor cores. The resized tensor
-/// is then never written: the convolution gathers its input tile through the Resize's taps.
-fn fused_resizes(
-    l: &Lowered,
-    storage: &Storage,
-    half_of: &HashMap<String, bool>,
-) -> HashMap<usize, usize> {
-    let mut fused = HashMap::new();
-    if !storage.tensor_cores {
-        return fused;
+/// What a tensor-core convolution's input gather folds in from the stage right before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gather {
+    /// A Resize: the tile is read through its taps.
+    Resize,
+    /// The input's NHWC → NCHW Transpose: the tile is read from the NHWC tensor by strides.
+    Nhwc,
+}
+
+/// Stages folded into their neighbour convolution (no launch, no stored output).
+#[derive(Debug, Default)]
+struct Folds {
+    /// conv stage → (the stage before it, folded into its input gather, and how).
+    input: HashMap<usize, (usize, Gather)>,
+    /// conv stage → the NCHW → NHWC Transpose after it, folded into its epilogue.
+    output: HashMap<usize, usize>,
+}
+
+impl Folds {
+    fn folded(&self, stage: usize) -> bool {
+        self.input.values().any(|&(r, _)| r == stage) || self.output.values().any(|&t| t == stage)
     }
+}
+
+/// The one stage of `l` reading `value`, when exactly one does.
+fn only_reader(l: &Lowered, value: &str) -> Option<usize> {
+    let mut readers = l
+        .stages
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.inputs.iter().any(|v| v == value));
+    let first = readers.next()?.0;
+    readers.next().is_none().then_some(first)
+}
+
+/// A single-node Transpose stage with this permutation.
+fn is_transpose(s: &Stage, perm: &[i64]) -> bool {
+    s.kind == StageKind::Op
+        && s.nodes.len() == 1
+        && s.nodes[0].op_type == "Transpose"
+        && s.nodes[0].attr("perm").is_some_and(|a| a.ints == perm)
+}
+
+/// The stages folded into tensor-core convolutions. Into a convolution's input gather: the
+/// stage right before it, when that stage is a Resize or the NHWC → NCHW Transpose, its output's
+/// one reader is the convolution (as its input, before its Pad) and that output is stored fp16
+/// (a Resize's input too); the folded tensor is then never written. Into its epilogue: the
+/// NCHW → NHWC Transpose right after it that is its output's one reader (the network's output
+/// Transpose); the convolution writes the transposed tensor, rounded to fp16 first when its
+/// own output was to be stored fp16, so the values are those of the unfolded stages.
+fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Folds {
+    let mut f = Folds::default();
+    if !storage.tensor_cores {
+        return f;
+    }
+    let on_tensor_cores = |s: &Stage| {
+        s.kind == StageKind::Conv
+            && conv_geometry(l, s)
+                .is_some_and(|(k, st, dil, groups)| groups == 1 && tc_tile_fits(k, st, dil))
+    };
+    let half = |v: &str| half_of.get(v) == Some(&true);
     for (i, s) in l.stages.iter().enumerate() {
-        let is_resize = s.kind == StageKind::Op
-            && s.nodes.len() == 1
-            && matches!(s.nodes[0].op_type.as_str(), "Resize" | "Upsample");
         let (Some(out), Some(next)) = (s.outputs.first(), l.stages.get(i + 1)) else {
             continue;
         };
-        if !is_resize || s.outputs.len() != 1 || *out == l.output || next.kind != StageKind::Conv {
+        if s.outputs.len() != 1 || *out == l.output || only_reader(l, out) != Some(i + 1) {
             continue;
         }
-        let readers = l
-            .stages
-            .iter()
-            .filter(|r| r.inputs.iter().any(|v| v == out))
-            .count();
         let conv_input = next.nodes.first().and_then(|n| n.input.first());
-        let halves =
-            half_of.get(out) == Some(&true) && half_of.get(&s.nodes[0].input[0]) == Some(&true);
-        let on_tensor_cores = conv_geometry(l, next)
-            .is_some_and(|(k, st, dil, groups)| groups == 1 && tc_tile_fits(k, st, dil));
-        if readers == 1 && conv_input == Some(out) && halves && on_tensor_cores {
-            fused.insert(i + 1, i);
+        if conv_input != Some(out) || !on_tensor_cores(next) || !half(out) {
+            continue;
+        }
+        let resize = s.kind == StageKind::Op
+            && s.nodes.len() == 1
+            && matches!(s.nodes[0].op_type.as_str(), "Resize" | "Upsample");
+        if resize && half(&s.nodes[0].input[0]) {
+            f.input.insert(i + 1, (i, Gather::Resize));
+        } else if is_transpose(s, &[0, 3, 1, 2]) && s.nodes[0].input[0] == l.input {
+            f.input.insert(i + 1, (i, Gather::Nhwc));
         }
     }
-    fused
+    for (i, s) in l.stages.iter().enumerate() {
+        let (Some(out), Some(next)) = (s.outputs.first(), l.stages.get(i + 1)) else {
+            continue;
+        };
+        // the convolution reads fp16 (or folds its input): it is on the tensor cores
+        let reads_half = s
+            .nodes
+            .first()
+            .and_then(|n| n.input.first())
+            .is_some_and(|x| half(x) || f.input.contains_key(&i));
+        if on_tensor_cores(s)
+            && reads_half
+            && s.outputs.len() == 1
+            && only_reader(l, out) == Some(i + 1)
+            && is_transpose(next, &[0, 2, 3, 1])
+            && next.outputs.first() == Some(&l.output)
+        {
+            f.output.insert(i, i + 1);
+        }
+    }
+    f
 }
 
 /// Builds the program of `spec` with `storage`, at the given bases (0, 0 to size it).
@@ -644,17 +721,23 @@ pub fn build(
     }
     let last_stage = n_stages.saturating_sub(1) as u32;
     last_use.insert(l.output.as_str(), last_stage);
-    // a folded Resize's input lives until its convolution reads it; its output is not stored
-    let fused = fused_resizes(l, storage, &half_of);
+    // a folded stage's input lives until its convolution reads it, the convolution writes
+    // the output of a Transpose folded into its epilogue; the folded tensors are not stored
+    let folds = folds(l, storage, &half_of);
     let mut not_stored: HashMap<&str, ()> = HashMap::new();
-    for (&conv, &resize) in &fused {
-        let r = &l.stages[resize];
+    let mut written_by: HashMap<&str, u32> = HashMap::new();
+    for (&conv, &(stage, _)) in &folds.input {
+        let r = &l.stages[stage];
         let input = r.nodes[0].input[0].as_str();
         let until = last_use
             .get(input)
             .map_or(conv as u32, |&x| x.max(conv as u32));
         last_use.insert(input, until);
         not_stored.insert(r.outputs[0].as_str(), ());
+    }
+    for (&conv, &t) in &folds.output {
+        not_stored.insert(l.stages[conv].outputs[0].as_str(), ());
+        written_by.insert(l.stages[t].outputs[0].as_str(), conv as u32);
     }
     let bytes_of = |v: &str| elements(v) * if half_of.get(v) == Some(&true) { 2 } else { 4 };
     let last = |v: &str, first: u32| {
@@ -674,10 +757,11 @@ pub fn build(
             if stat_values.contains_key(o) || not_stored.contains_key(o.as_str()) {
                 continue;
             }
+            let first = written_by.get(o.as_str()).copied().unwrap_or(i as u32);
             requests.push(BufferRequest {
                 name: o.clone(),
                 bytes: bytes_of(o),
-                first: i as u32,
+                first,
                 last: last(o, i as u32),
             });
         }
@@ -795,25 +879,42 @@ pub fn build(
                 let act_node = s.nodes.get(conv_at + 1);
                 let x_name = pad.map_or(&conv.input[0], |p| &p.input[0]);
                 let xs = l.shapes.get(x_name).cloned().unwrap_or_default();
-                // a folded Resize: read its input through its taps
-                let (x, resize) = match fused.get(&i) {
-                    Some(&r) => {
+                // a folded stage before it: its input read through the Resize's taps, or the
+                // network's NHWC input read by strides
+                let (x, resize, nhwc) = match folds.input.get(&i) {
+                    Some(&(r, Gather::Resize)) => {
                         let rn = &l.stages[r].nodes[0];
                         let rs = l.shapes[&rn.input[0]].clone();
                         let taps =
                             resize_taps(l, rn, &rs, &xs).map_err(|m| unsupported(r, s, m))?;
                         let taps = st.put(bytemuck::cast_slice(&taps));
-                        (place(&places, &mut st, &rn.input[0])?, Some((taps, rs)))
+                        (
+                            place(&places, &mut st, &rn.input[0])?,
+                            Some((taps, rs)),
+                            false,
+                        )
                     }
-                    None => (place(&places, &mut st, x_name)?, None),
+                    Some(&(r, Gather::Nhwc)) => {
+                        let input = &l.stages[r].nodes[0].input[0];
+                        (place(&places, &mut st, input)?, None, true)
+                    }
+                    None => (place(&places, &mut st, x_name)?, None, false),
                 };
                 let out = s
                     .outputs
                     .first()
                     .ok_or_else(|| unsupported(i, s, "no output"))?;
-                let y = *places
-                    .get(out)
-                    .ok_or_else(|| unsupported(i, s, "output not planned"))?;
+                // a Transpose folded into the epilogue: the convolution writes its output
+                let (y, y_nhwc) = match folds.output.get(&i) {
+                    Some(&t) => (places[&l.stages[t].outputs[0]], true),
+                    None => (
+                        *places
+                            .get(out)
+                            .ok_or_else(|| unsupported(i, s, "output not planned"))?,
+                        false,
+                    ),
+                };
+                let y_round = y_nhwc && half_of.get(out.as_str()) == Some(&true) && !y.half;
                 let ys = l.shapes[out].clone();
                 if xs.len() != 4 || ys.len() != 4 || xs[0] != 1 {
                     return Err(unsupported(i, s, format!("convolution of shape {xs:?}")));
@@ -938,13 +1039,25 @@ pub fn build(
                 // tile fits (K is padded to 16 channels: a 3-channel 7x7 stem wastes 13/16 of
                 // the math and still wins)
                 let mma = storage.tensor_cores
-                    && x.half
+                    && (x.half || nhwc)
                     && groups == 1
                     && tc_tile_fits((kh, kw), (sh, sw), (dh, dw));
                 debug_assert!(
-                    mma || resize.is_none(),
-                    "a folded Resize needs tensor cores"
+                    mma || (resize.is_none() && !nhwc && !y_nhwc),
+                    "a folded stage needs tensor cores"
                 );
+                let (h, w) = (xs[2] as i32, xs[3] as i32);
+                let (x_cs, x_rs, x_ps) = if nhwc {
+                    (1, w * cin as i32, cin as i32)
+                } else {
+                    (h * w, w, 1)
+                };
+                let (oh, ow) = (ys[2] as i32, ys[3] as i32);
+                let (y_cs, y_rs, y_ps) = if y_nhwc {
+                    (1, ow * cout as i32, cout as i32)
+                } else {
+                    (oh * ow, ow, 1)
+                };
                 let cin_pad = cin.div_ceil(16) * 16;
                 let n_tiles = cout.div_ceil(8);
                 let wh = if mma {
@@ -992,6 +1105,14 @@ pub fn build(
                     act_b,
                     rs_h: resize.as_ref().map_or(0, |r| r.1[2] as i32),
                     rs_w: resize.as_ref().map_or(0, |r| r.1[3] as i32),
+                    x_cs,
+                    x_rs,
+                    x_ps,
+                    x_f32: !x.half as i32,
+                    y_cs,
+                    y_rs,
+                    y_ps,
+                    y_round: y_round as i32,
                 };
                 if mma {
                     // the fewest 8-channel tiles per block that cover cout (at most MMA_NT)
@@ -1245,8 +1366,8 @@ pub fn build(
                     i,
                 ));
             }
-            StageKind::Op if fused.values().any(|&r| r == i) => {
-                // a Resize folded into the next stage's convolution
+            StageKind::Op if folds.folded(i) => {
+                // folded into the neighbouring stage's convolution
             }
             StageKind::Op => {
                 let n = &s.nodes[0];
@@ -1454,7 +1575,7 @@ pub fn build(
                 .collect()
         })
         .collect();
-    let mut folded_stages: Vec<usize> = fused.values().copied().collect();
+    let mut folded_stages: Vec<usize> = (0..n_stages).filter(|&i| folds.folded(i)).collect();
     folded_stages.sort_unstable();
     Ok(Program {
         folded_stages,
