@@ -214,9 +214,7 @@ fn h264_clip_sized(dir: &TempDir, frames: u32, w: u32, h: u32) -> std::path::Pat
         bh = h / 3,
     );
     let pipeline = gst::parse::launch(&desc).unwrap();
-    pipeline.set_state(gst::State::Playing).unwrap();
-    wait_eos(&pipeline, 120);
-    pipeline.set_state(gst::State::Null).unwrap();
+    common::play_to_eos(&pipeline, 120, "encoding the clip");
     out
 }
 

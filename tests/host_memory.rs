@@ -63,19 +63,7 @@ fn videotestsrc_writes_into_the_pinned_pool_toonflow_proposes() {
                 gst::PadProbeReturn::Ok
             });
     }
-    pipeline.set_state(gst::State::Playing).unwrap();
-    let msg = pipeline.bus().unwrap().timed_pop_filtered(
-        gst::ClockTime::from_seconds(60),
-        &[gst::MessageType::Eos, gst::MessageType::Error],
-    );
-    pipeline.set_state(gst::State::Null).unwrap();
-    assert!(
-        matches!(
-            msg.as_ref().map(|m| m.view()),
-            Some(gst::MessageView::Eos(_))
-        ),
-        "pipeline failed: {msg:?}"
-    );
+    common::play_to_eos(&pipeline, 60, "the pipeline");
     let (pageable_in, pageable_out) = *seen.lock().unwrap();
     println!(
         "videotestsrc: {pageable_in} of 20 input and {pageable_out} of 20 output frames pageable"

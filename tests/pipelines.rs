@@ -312,19 +312,7 @@ fn make_mkv_to(path: &Path, w: usize, h: usize, frames: usize) {
     );
     init();
     let pipeline = gst::parse::launch(&line).unwrap();
-    pipeline.set_state(gst::State::Playing).unwrap();
-    let msg = pipeline.bus().unwrap().timed_pop_filtered(
-        gst::ClockTime::from_seconds(60),
-        &[gst::MessageType::Eos, gst::MessageType::Error],
-    );
-    pipeline.set_state(gst::State::Null).unwrap();
-    assert!(
-        matches!(
-            msg.as_ref().map(|m| m.view()),
-            Some(gst::MessageView::Eos(_))
-        ),
-        "making the input clip failed: {msg:?}"
-    );
+    common::play_to_eos(&pipeline, 60, "making the input clip");
 }
 
 /// scripts/demo.c, the program behind the README's main command (scripts/demo.sh), on a short,

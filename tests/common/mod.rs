@@ -165,6 +165,25 @@ pub fn nv12_caps(width: usize, height: usize) -> gst::Caps {
 }
 
 /// The appsink named `name` inside a pipeline (or any bin) made by gst_parse_launch.
+/// Plays a launch-line pipeline to its end, stops it, and fails the test (naming `what`) on an
+/// error message or when no EOS comes within `seconds`.
+#[allow(dead_code)] // not every test file plays whole pipelines
+pub fn play_to_eos(pipeline: &gst::Element, seconds: u64, what: &str) {
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let msg = pipeline.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(seconds),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert!(
+        matches!(
+            msg.as_ref().map(|m| m.view()),
+            Some(gst::MessageView::Eos(_))
+        ),
+        "{what} failed: {msg:?}"
+    );
+}
+
 pub fn app_sink(pipeline: &gst::Element, name: &str) -> gst_app::AppSink {
     pipeline
         .downcast_ref::<gst::Bin>()
