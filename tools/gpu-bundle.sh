@@ -12,6 +12,7 @@
 #   .gpu/env.sh     source it first on the GPU machine
 #   .gpu/run-tests.sh  runs every test executable of the bundle
 # Usage, from anywhere inside the checkout:  tools/gpu-bundle.sh [extra cargo args]
+# TOONFLOW_GPU_BUNDLE_TESTS="a b" packs only those test executables (see below).
 # TOONFLOW_GPU_BUNDLE_DIR=/path writes the bundle there instead (a helper worktree's bundle must
 # sit inside the checkout that the device tool sends, e.g. /work/main/.gpu-<name>/).
 # Then, on the GPU machine, with the checkout and .gpu/ beside it:
@@ -37,8 +38,17 @@ mkdir -p "$out"/{gst/lib,gst/plugins,gst/bin,plugins,tests,bin,frei0r}
 
 # 1. The project's release artifacts.
 CPU_ONLY_TESTS="neural_ops neural_models neural_frame cpu_threads nvrtc_compile pipelines relay meson_sample"
-cargo build --release --all-targets "$@" >/dev/null
-cargo test --release --no-run --message-format=json "$@" 2>/dev/null |
+# TOONFLOW_GPU_BUNDLE_TESTS="cuda_parity neural_cuda ..." builds and packs only those test
+# executables (the others, tract's above all, take minutes to relink); unset, every test.
+if [[ -n ${TOONFLOW_GPU_BUNDLE_TESTS:-} ]]; then
+  only=()
+  for t in $TOONFLOW_GPU_BUNDLE_TESTS; do only+=(--test "$t"); done
+  cargo build --release --lib --bins "$@" >/dev/null
+else
+  only=()
+  cargo build --release --all-targets "$@" >/dev/null
+fi
+cargo test --release --no-run --message-format=json "${only[@]}" "$@" 2>/dev/null |
   python3 -c 'import json,sys
 for line in sys.stdin:
     try: m = json.loads(line)
