@@ -773,17 +773,7 @@ impl Engine {
                 .map(|report| (report, p.last_frame_stats())),
         };
         match result {
-            Ok((report, gpu)) => {
-                if let Some(Processor::ClassicCuda(mut p)) = self.processor.take() {
-                    self.drain_cuda_events(&mut p);
-                    self.processor = Some(Processor::ClassicCuda(p));
-                }
-                Ok(FrameOutcome {
-                    report,
-                    gpu: Some(gpu),
-                    neural: None,
-                })
-            }
+            Ok((report, gpu)) => Ok(self.classic_cuda_frame_done(report, gpu)),
             Err(err) if self.choice == BackendChoice::Auto => {
                 self.backend = Backend::Cpu;
                 self.events.push(EngineEvent::FellBack(err.to_string()));
@@ -823,15 +813,21 @@ impl Engine {
             .process_frames(&stream.params, input, output)
             .map_err(EngineError::CudaProcessing)?;
         let gpu = p.last_frame_stats();
+        Ok(self.classic_cuda_frame_done(report, gpu))
+    }
+
+    /// After a classic CUDA frame: logs what the pipeline reported (plans, fallbacks) and wraps
+    /// the frame's figures.
+    fn classic_cuda_frame_done(&mut self, report: FrameReport, gpu: GpuFrameStats) -> FrameOutcome {
         if let Some(Processor::ClassicCuda(mut p)) = self.processor.take() {
             self.drain_cuda_events(&mut p);
             self.processor = Some(Processor::ClassicCuda(p));
         }
-        Ok(FrameOutcome {
+        FrameOutcome {
             report,
             gpu: Some(gpu),
             neural: None,
-        })
+        }
     }
 
     /// Whether frames go to the classic CUDA pipeline (device frames can be processed).
