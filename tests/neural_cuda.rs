@@ -97,8 +97,11 @@ fn gpu_with(spec: &Specialised, half: bool, graph: bool, tensor_cores: bool) -> 
 }
 
 fn mma_launches(g: &NeuralGpu) -> usize {
-    g.program()
-        .launches
+    tensor_core_convs(g.program())
+}
+
+fn tensor_core_convs(p: &gsttoonflow::cuda::neural::program::Program) -> usize {
+    p.launches
         .iter()
         .filter(|l| {
             matches!(
@@ -343,16 +346,7 @@ fn programs_cover_every_stage() {
                 tensor_cores: true,
             };
             let p = gsttoonflow::cuda::neural::program::build(&spec, &storage, 0, 0).unwrap();
-            let mma = p
-                .launches
-                .iter()
-                .filter(|l| {
-                    matches!(
-                        l.kernel,
-                        gsttoonflow::cuda::neural::program::Kernel::ConvMma(..)
-                    )
-                })
-                .count();
+            let mma = tensor_core_convs(&p);
             // every fp16 conv with one group reads fp16 here: all of them go to tensor cores
             if half {
                 assert!(mma > 0, "{}: no tensor-core convolution", model.name());

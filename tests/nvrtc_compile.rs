@@ -51,14 +51,22 @@ fn every_kernel_file_is_covered() {
     );
 }
 
+/// True (and says so) where NVRTC is missing; a failure instead when TOONFLOW_REQUIRE_NVRTC=1.
+fn skipped_without_nvrtc() -> bool {
+    let Some(why) = nvrtc_missing() else {
+        return false;
+    };
+    assert!(
+        !nvrtc_required(),
+        "TOONFLOW_REQUIRE_NVRTC=1 but NVRTC is missing: {why}"
+    );
+    println!("skipped: {why}");
+    true
+}
+
 #[test]
 fn kernels_compile_for_every_target_architecture_and_precision() {
-    if let Some(why) = nvrtc_missing() {
-        assert!(
-            !nvrtc_required(),
-            "TOONFLOW_REQUIRE_NVRTC=1 but NVRTC is missing: {why}"
-        );
-        println!("skipped: {why}");
+    if skipped_without_nvrtc() {
         return;
     }
     let mut failures = Vec::new();
@@ -97,12 +105,7 @@ fn kernels_compile_for_every_target_architecture_and_precision() {
 /// storage of each buffer is chosen per launch).
 #[test]
 fn neural_kernels_compile_for_every_target_architecture() {
-    if let Some(why) = nvrtc_missing() {
-        assert!(
-            !nvrtc_required(),
-            "TOONFLOW_REQUIRE_NVRTC=1 but NVRTC is missing: {why}"
-        );
-        println!("skipped: {why}");
+    if skipped_without_nvrtc() {
         return;
     }
     let mut failures = Vec::new();
