@@ -2,7 +2,8 @@
 //! 12): videotestsrc writes into the pinned pool toonflow proposes; buffers of other elements'
 //! pools are registered with the driver on reuse and unregistered when the pools free them, with
 //! pools that grow, shrink and reallocate, strides and plane offsets from VideoMeta, and the
-//! output byte-identical to frames that took the pageable path.
+//! output byte-identical to frames that took the pageable path; pageable frames that cannot be
+//! registered are staged in bands by a few threads, with the bytes of page-locked frames.
 //!
 //! These need a CUDA device (the H200 bundle); without one each test prints that it skipped.
 
@@ -12,6 +13,10 @@ use common::{Nv12, app_sink, init, nv12_caps, photo};
 use gst::prelude::*;
 use gst_video::prelude::*;
 use gsttoonflow::cuda::hostreg::Registry;
+use gsttoonflow::cuda::{CudaPipeline, PinnedHostBuffer};
+use gsttoonflow::pipeline::{
+    FrameGeometry, Nv12Frame, Nv12FrameMut, Precision, StageParams, ToonParams,
+};
 
 const W: usize = 640;
 const H: usize = 360;
@@ -255,4 +260,87 @@ fn foreign_pools_are_registered_while_they_live() {
         after.registrations - before.registrations,
         after.unregistrations - before.unregistrations
     );
+}
+
+/// Runs `frames` (each as (Y, UV, stride) host planes) through a fresh pipeline whose pageable
+/// uploads are staged by `threads` threads (0: by the driver), returning the packed outputs.
+fn stylize_planes(
+    w: usize,
+    h: usize,
+    threads: usize,
+    frames: &[(&[u8], &[u8], usize)],
+) -> Vec<Vec<u8>> {
+    let geometry = FrameGeometry::new(w, h).unwrap();
+    let shape = gsttoonflow::cuda::plan::default_shape(w as u32, h as u32, Precision::Fp16);
+    let mut gpu = CudaPipeline::new(0, geometry, shape, 0, true).expect("CudaPipeline::new");
+    gpu.set_staging_threads(threads);
+    let params = ToonParams::new(&StageParams::default(), w as u32, h as u32);
+    frames
+        .iter()
+        .map(|&(y, uv, stride)| {
+            let input = Nv12Frame::new(geometry, y, stride, uv, stride).unwrap();
+            let mut out = vec![0u8; w * h * 3 / 2];
+            let (oy, ouv) = out.split_at_mut(w * h);
+            let mut output = Nv12FrameMut::new(geometry, oy, w, ouv, w).unwrap();
+            gpu.process(&params, &input, &mut output).expect("a frame");
+            let stats = gpu.last_frame_stats();
+            assert_eq!(stats.upload_bytes as usize, w * h * 3 / 2);
+            out
+        })
+        .collect()
+}
+
+#[test]
+fn pageable_frames_staged_in_bands_give_the_bytes_of_page_locked_frames() {
+    if !gpu_or_skip() {
+        return;
+    }
+    // 1280x720: a frame is 6 bands; padded rows, each frame in memory of its own (as an
+    // application allocating per frame), as the driver, 1, 2 and 4 threads stage it.
+    let (w, h, stride) = (1280, 720, 1344);
+    let base = photo("chelsea.png", w, h);
+    let frames: Vec<Nv12> = (0..6).map(|i| base.with_noise(4.0, i)).collect();
+    let padded: Vec<(Vec<u8>, Vec<u8>)> = frames
+        .iter()
+        .map(|f| {
+            let mut y = vec![0u8; stride * h];
+            let mut uv = vec![0u8; stride * h / 2];
+            for (dst, src, rows) in [(&mut y, f.y(), h), (&mut uv, f.uv(), h / 2)] {
+                for r in 0..rows {
+                    dst[r * stride..][..w].copy_from_slice(&src[r * w..][..w]);
+                }
+            }
+            (y, uv)
+        })
+        .collect();
+    // Reference: the same frames packed in page-locked memory (never staged).
+    let mut pinned = PinnedHostBuffer::new(0, frames.len() * w * h * 3 / 2).unwrap();
+    for (chunk, f) in pinned.chunks_mut(w * h * 3 / 2).zip(&frames) {
+        chunk[..w * h].copy_from_slice(f.y());
+        chunk[w * h..].copy_from_slice(f.uv());
+    }
+    let locked: Vec<(&[u8], &[u8], usize)> = pinned
+        .chunks(w * h * 3 / 2)
+        .map(|c| (&c[..w * h], &c[w * h..], w))
+        .collect();
+    assert!(gsttoonflow::cuda::is_page_locked(locked[0].0.as_ptr()));
+    let reference = stylize_planes(w, h, 0, &locked);
+    let pageable: Vec<(&[u8], &[u8], usize)> = padded
+        .iter()
+        .map(|(y, uv)| (y.as_slice(), uv.as_slice(), stride))
+        .collect();
+    assert!(!gsttoonflow::cuda::is_page_locked(pageable[0].0.as_ptr()));
+    for threads in [0, 1, 2, 4] {
+        let out = stylize_planes(w, h, threads, &pageable);
+        for (i, (a, b)) in reference.iter().zip(&out).enumerate() {
+            assert!(
+                a == b,
+                "frame {i}: staged by {threads} thread(s) differs from page-locked"
+            );
+        }
+        println!(
+            "staged by {threads} thread(s): {} frames identical",
+            out.len()
+        );
+    }
 }

@@ -7,8 +7,8 @@
 //! Files: `abi` (blocks and constants shared with the kernels), `context` (one context per
 //! device), `kernels` (NVRTC build), `plan` (the classic pipeline's memory plan), `graph` (graph
 //! cache and capture), `launch` (a frame's launches), `copy` (host↔device copies), `pinned`
-//! (page-locked host memory), `hostreg` (foreign host memory registered
-//! with the driver while it lives), `pipeline` ([`CudaPipeline`]), `error` ([`CudaError`]),
+//! (page-locked host memory), `staging` (pageable uploads copied in bands by a few threads),
+//! `hostreg` (foreign host memory registered with the driver while it lives), `pipeline` ([`CudaPipeline`]), `error` ([`CudaError`]),
 //! `gstcuda` (libgstcuda-1.0 loaded at run time: GstCudaContext, GstCudaMemory, its pool; the
 //! one GStreamer-aware file here).
 
@@ -26,6 +26,7 @@ pub mod neural;
 mod pinned;
 mod pipeline;
 pub mod plan;
+pub mod staging;
 
 pub use error::{CudaError, MemoryShortfall};
 pub use graph::GraphKey;

@@ -15,8 +15,9 @@ use super::fault::{Fault, injected};
 use super::graph::{GraphCache, GraphKey, OwnedGraph, Ran};
 use super::kernels::{Kernels, kernels};
 use super::launch::{DevicePtrs, enqueue_frame};
-use super::pinned::PinnedHostBuffer;
+use super::pinned::{PinnedHostBuffer, is_page_locked};
 use super::plan::{MemoryPlan, check_cap, classic_plan};
+use super::staging::{self, HostPlane, StagedUpload};
 use crate::pipeline::cpu::FrameReport;
 use crate::pipeline::params::MAX_ITERATIONS;
 use crate::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut, Precision, Shape, ToonParams};
@@ -210,6 +211,10 @@ pub struct CudaPipeline {
     /// [`CudaPipeline::set_shape`] succeeds.
     arena: Option<Arena>,
     host: PinnedHostBuffer,
+    /// Uploads of pageable frames, staged in bands by `staging_threads` threads (made on the
+    /// first pageable frame; 0 threads: the driver stages them).
+    stager: Option<StagedUpload>,
+    staging_threads: usize,
     events: [CudaEvent; 4],
     stream: Arc<CudaStream>,
     kernels: Arc<Kernels>,
@@ -298,6 +303,8 @@ impl CudaPipeline {
             cache: GraphCache::new(GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES),
             arena: None,
             host,
+            stager: None,
+            staging_threads: staging::threads_from_env(),
             events,
             stream,
             kernels: kernels.clone(),
@@ -401,6 +408,16 @@ impl CudaPipeline {
     /// Switches graph replay on or off (cuda-graph property).
     pub fn set_use_graph(&mut self, on: bool) {
         self.use_graph = on;
+    }
+
+    /// Sets the threads that stage uploads of pageable frames, the calling thread included
+    /// (0: the driver stages them; default from `TOONFLOW_STAGING_THREADS`, see staging.rs).
+    pub fn set_staging_threads(&mut self, threads: usize) {
+        let threads = threads.min(staging::MAX_THREADS);
+        if threads != self.staging_threads {
+            self.stager = None;
+            self.staging_threads = threads;
+        }
     }
 
     /// Drains what should be logged since the last call.
@@ -555,29 +572,26 @@ impl CudaPipeline {
             Rows::device(self.ptrs.nv12_in, w),
             Rows::device(self.ptrs.nv12_out, w),
         );
-        let (source, upload_bytes) = match input {
-            FrameSource::Host(f) => (
-                [
-                    Rows::host_source(f.y.as_ptr(), f.y_stride),
-                    Rows::host_source(f.uv.as_ptr(), f.uv_stride),
-                ],
-                frame_bytes,
-            ),
-            FrameSource::Device(d) => (d.rows(), 0),
-        };
-        // SAFETY: `Nv12Frame::new` checked that host planes hold `h` (`ch`) rows of `w` bytes
-        // `y_stride` (`uv_stride`) apart, and the caller mapped a device frame of this geometry
-        // in this context (rows of at least `w` bytes, checked); "nv12-in" holds w·h + w·ch
-        // bytes; the input outlives the synchronisation below.
-        unsafe {
-            copy_nv12(
-                cs,
-                source,
-                [arena_in, arena_in.offset(y_bytes)],
-                w,
-                h,
-                "upload",
-            )?
+        let upload_bytes = match input {
+            FrameSource::Host(f) => {
+                self.upload_host(cs, f)?;
+                frame_bytes
+            }
+            FrameSource::Device(d) => {
+                // SAFETY: the caller mapped a device frame of this geometry in this context
+                // (rows of at least `w` bytes, checked); "nv12-in" holds w·h + w·ch bytes.
+                unsafe {
+                    copy_nv12(
+                        cs,
+                        d.rows(),
+                        [arena_in, arena_in.offset(y_bytes)],
+                        w,
+                        h,
+                        "device upload",
+                    )?
+                };
+                0
+            }
         };
         self.events[1].record(&s).map_err(driver("cuEventRecord"))?;
 
@@ -676,6 +690,65 @@ impl CudaPipeline {
             scene_score: fb.scene_score,
             history_used: fb.history_used.max(0) as usize,
         })
+    }
+
+    /// Queues the upload of a host frame into "nv12-in" (packed planes). Planes in
+    /// page-locked memory (toonflow's pool, registered memory) are copied straight; pageable
+    /// planes are staged in bands by the stager's threads, overlapping their copy with the DMA,
+    /// or, with no staging threads, left to the driver's staging.
+    fn upload_host(&mut self, cs: sys::CUstream, f: &Nv12Frame) -> Result<(), CudaError> {
+        let (w, h) = (self.shape.width as usize, self.shape.height as usize);
+        let plane_rows = [h, h / 2];
+        let planes = [
+            HostPlane {
+                ptr: f.y.as_ptr(),
+                stride: f.y_stride,
+                rows: plane_rows[0],
+            },
+            HostPlane {
+                ptr: f.uv.as_ptr(),
+                stride: f.uv_stride,
+                rows: plane_rows[1],
+            },
+        ];
+        let staged = planes.map(|p| self.staging_threads > 0 && !is_page_locked(p.ptr));
+        let dst = self.ptrs.nv12_in;
+        if staged.contains(&true) {
+            if !self.stager.as_ref().is_some_and(|s| s.fits(w, &plane_rows)) {
+                self.stager = None; // the old page-locked buffer goes first
+                self.stager = Some(StagedUpload::new(
+                    self.ctx.clone(),
+                    self.staging_threads,
+                    w,
+                    &plane_rows,
+                )?);
+            }
+            let stager = self.stager.as_mut().expect("made above");
+            // SAFETY: `Nv12Frame::new` checked that each plane holds its rows of `w` bytes
+            // `stride` apart; "nv12-in" holds both planes packed (the staging layout); the
+            // frame outlives the call, and the stream is synchronised at the end of every
+            // frame, before the staging buffer is written again.
+            unsafe { stager.upload(cs, &planes, &staged, dst) }.map_err(driver("staged upload"))?;
+        }
+        let mut offset = 0;
+        for ((plane, staged), name) in planes.iter().zip(staged).zip(["Y", "UV"]) {
+            if !staged {
+                // SAFETY: as above; page-locked planes make the copy asynchronous, pageable
+                // ones are copied by the driver before it returns.
+                unsafe {
+                    copy_2d(
+                        cs,
+                        Rows::host_source(plane.ptr, plane.stride),
+                        Rows::device(dst + offset as u64, w),
+                        w,
+                        plane.rows,
+                    )
+                }
+                .map_err(driver(format!("{name} upload")))?;
+            }
+            offset += plane.rows * w;
+        }
+        Ok(())
     }
 
     /// Runs the kernels of a frame: eagerly, by capturing them, or by replaying a graph.

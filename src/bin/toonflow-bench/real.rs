@@ -1,7 +1,7 @@
 //! The pipelines people run (issue 12): toonflow fed the way real upstream elements feed it,
 //! timed at the element's own pads (throughput and latency of the element inside the
 //! pipeline), density (N instances in one process), and the host-copy paths (page-locked,
-//! pageable, registered, staged) that decide how frames in foreign host memory are uploaded.
+//! pageable, registered, staged in bands) that decide how frames in foreign host memory are uploaded.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -9,10 +9,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use gst::prelude::*;
+use gsttoonflow::cuda::staging::{HostPlane, StagedUpload};
 use gsttoonflow::pipeline::stats::percentile_of_sorted;
 
 /// The modes this module runs.
-pub const MODES: [&str; 10] = [
+pub const MODES: [&str; 13] = [
     "videotestsrc",
     "rawvideoparse",
     "appsrc-pinned",
@@ -21,6 +22,9 @@ pub const MODES: [&str; 10] = [
     "nvh264dec",
     "nvh264dec-cudadownload",
     "nvh264dec-cuda",
+    "nvh264dec-only",
+    "nvh264dec-cudadownload-only",
+    "nvh264dec-cuda-only",
     "density",
     "host-copies",
 ];
@@ -158,8 +162,15 @@ fn measure(
         }
         latencies.sort_by(|a, b| a.total_cmp(b));
         let seconds = (last.unwrap() - first.unwrap()).as_secs_f64();
-        let stats = running[0].1.property::<gst::Structure>("stats");
-        let field = |name: &str| stats.get::<f64>(name).unwrap_or(0.0);
+        // The decoder-only modes time an `identity` in toonflow's place: no stats there.
+        let stats = (running[0].1.find_property("stats").is_some())
+            .then(|| running[0].1.property::<gst::Structure>("stats"));
+        let field = |name: &str| {
+            stats
+                .as_ref()
+                .and_then(|s| s.get::<f64>(name).ok())
+                .unwrap_or(0.0)
+        };
         Ok(Measured {
             instances: running.len(),
             fps: (count * running.len()) as f64 / seconds,
@@ -313,6 +324,17 @@ pub fn run_mode(
             "video/x-raw(memory:CUDAMemory),{size} ! queue max-size-buffers=4 ! {toon} ! \
              video/x-raw(memory:CUDAMemory) ! cudadownload ! {sink}"
         ))?,
+        // The decoder alone (an `identity` where toonflow sits): what NVDEC gives before
+        // toonflow adds anything.
+        "nvh264dec-only" => decoder(&format!(
+            "{decoded} ! queue max-size-buffers=4 ! identity name=t ! {sink}"
+        ))?,
+        "nvh264dec-cudadownload-only" => decoder(&format!(
+            "cudadownload ! {decoded} ! queue max-size-buffers=4 ! identity name=t ! {sink}"
+        ))?,
+        "nvh264dec-cuda-only" => decoder(&format!(
+            "video/x-raw(memory:CUDAMemory),{size} ! queue max-size-buffers=4 ! identity name=t ! {sink}"
+        ))?,
         "density" => {
             let mut rows = Vec::new();
             for n in DENSITY {
@@ -338,16 +360,6 @@ fn time_us(reps: usize, mut f: impl FnMut()) -> f64 {
         .collect();
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
-}
-
-/// Copies `src` into `dst` with `threads` threads (a staging copy into page-locked memory).
-fn parallel_copy(dst: &mut [u8], src: &[u8], threads: usize) {
-    let chunk = src.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-            s.spawn(move || d.copy_from_slice(c));
-        }
-    });
 }
 
 /// The host-copy paths for one NV12 frame of `w`×`h`, each the median of many runs, as
@@ -402,12 +414,29 @@ pub fn host_copies(w: usize, h: usize) -> Result<Vec<(String, f64)>, String> {
         "download, pageable (driver staging)".into(),
         time_us(reps, || d2h(pageable.as_mut_ptr())),
     ));
-    for threads in [1, 2, 4] {
+    // Staged in bands by toonflow's copier (the element's path for pageable frames).
+    let planes = [
+        HostPlane {
+            ptr: pageable.as_ptr(),
+            stride: w,
+            rows: h,
+        },
+        HostPlane {
+            ptr: pageable[w * h..].as_ptr(),
+            stride: w,
+            rows: h / 2,
+        },
+    ];
+    for threads in [1, 2, 3, 4, 6, 8] {
+        let mut stager =
+            StagedUpload::new(ctx.clone(), threads, w, &[h, h / 2]).map_err(|e| e.to_string())?;
         rows.push((
-            format!("upload, staged by {threads} thread(s) into page-locked"),
-            time_us(reps, || {
-                parallel_copy(&mut pinned, &pageable, threads);
-                h2d(pinned.as_ptr());
+            format!("upload, staged in bands by {threads} thread(s)"),
+            // SAFETY: `pageable` holds both planes; `device` holds the frame; each upload is
+            // synchronised before the next.
+            time_us(reps, || unsafe {
+                let _ = stager.upload(cs, &planes, &[true, true], device);
+                sync();
             }),
         ));
     }
