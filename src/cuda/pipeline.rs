@@ -730,6 +730,19 @@ impl CudaPipeline {
             // frame, before the staging buffer is written again.
             unsafe { stager.upload(cs, &planes, &staged, dst) }.map_err(driver("staged upload"))?;
         }
+        // Planes packed one after the other (GStreamer's default NV12 layout when the width is
+        // a multiple of 4, as appsrc and videotestsrc give it): one copy instead of two, one
+        // driver call less on the way to the kernels.
+        let packed = planes[0].stride == w
+            && planes[1].stride == w
+            && planes[1].ptr == planes[0].ptr.wrapping_add(w * h);
+        if staged == [false, false] && packed {
+            // SAFETY: the Y plane's h rows of exactly `w` bytes end where the UV plane's rows
+            // begin, so the frame is one readable range of w·(h + h/2) bytes (both planes were
+            // checked by `Nv12Frame::new`); "nv12-in" holds it packed the same way.
+            return unsafe { copy_h2d(cs, planes[0].ptr, dst, w * (h + h / 2)) }
+                .map_err(driver("frame upload"));
+        }
         let mut offset = 0;
         for ((plane, staged), name) in planes.iter().zip(staged).zip(["Y", "UV"]) {
             if !staged {

@@ -1,8 +1,15 @@
 //! Uploads from pageable host memory that cannot be registered (memory allocated per frame, a
-//! file read whole and cut into frames): the frame is copied into page-locked staging memory in
-//! bands by a few threads, and each band's DMA is queued the moment its band is copied, so the
-//! host copy and the PCIe transfer overlap and the copy is spread over several cores. The
-//! driver's own pageable path does the same with one thread (about 12 GB/s on the H200's host).
+//! file read whole and cut into frames), staged by toonflow itself: the frame is copied into
+//! page-locked memory in bands by a few threads, and each band's DMA is queued the moment its
+//! band is copied, so the host copy and the PCIe transfer overlap and the copy is spread over
+//! several cores.
+//!
+//! Off by default (`TOONFLOW_STAGING_THREADS`, 0): on the H200 machine the driver's own
+//! pageable path (one thread, 226 µs for a 1080p frame) was as fast as 2–8 staging threads
+//! (214–222 µs) and faster inside the element, because a pageable upload is bound by the host's
+//! memory bandwidth (the frame crosses host memory three times: read, staged, read by the DMA),
+//! not by one core's copy rate. On a host with more memory bandwidth per frame the threads may
+//! win; `toonflow-bench --modes host-copies` measures both.
 //!
 //! [`BandCopier`] is plain Rust (the threads and the band order, unit-tested without a GPU);
 //! [`StagedUpload`] adds the page-locked buffer and the driver's copies.
@@ -27,18 +34,15 @@ pub const BAND_BYTES: usize = 256 << 10;
 pub const MAX_THREADS: usize = 8;
 
 /// The environment variable that sets the threads of a staged upload (the calling thread
-/// included); 0 leaves pageable uploads to the driver.
+/// included); 0, the default, leaves pageable uploads to the driver (see above).
 pub const THREADS_VAR: &str = "TOONFLOW_STAGING_THREADS";
 
-/// Threads per staged upload: [`THREADS_VAR`] when set (0 = the driver's path), otherwise a
-/// quarter of the cores, 2 to 4.
+/// Threads per staged upload: [`THREADS_VAR`] when set, else 0 (the driver's path).
 pub fn threads_from_env() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let default = (cores / 4).clamp(2, 4);
     std::env::var(THREADS_VAR)
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
-        .map_or(default, |n| n.min(MAX_THREADS))
+        .map_or(0, |n| n.min(MAX_THREADS))
 }
 
 /// Rows of one plane in host memory: `rows` rows of the frame's width, `stride` bytes apart.
@@ -398,22 +402,19 @@ mod tests {
         (y, uv, packed)
     }
 
+    fn nv12_planes(y: &[u8], uv: &[u8], stride: usize, h: usize) -> [HostPlane; 2] {
+        [(y, h), (uv, h / 2)].map(|(plane, rows)| HostPlane {
+            ptr: plane.as_ptr(),
+            stride,
+            rows,
+        })
+    }
+
     #[test]
     fn threads_copy_strided_planes_and_hand_bands_over_in_order() {
         let (w, h, stride) = (640, 360, 704);
         let (y, uv, packed) = strided_frame(w, h, stride);
-        let planes = [
-            HostPlane {
-                ptr: y.as_ptr(),
-                stride,
-                rows: h,
-            },
-            HostPlane {
-                ptr: uv.as_ptr(),
-                stride,
-                rows: h / 2,
-            },
-        ];
+        let planes = nv12_planes(&y, &uv, stride, h);
         let bands = plan_bands(w, &[h, h / 2], 16 << 10);
         for threads in [1, 2, 4] {
             let copier = BandCopier::new(threads);
@@ -443,18 +444,7 @@ mod tests {
     fn an_error_stops_the_hand_over_and_returns_once_the_threads_let_go() {
         let (w, h, stride) = (256, 512, 256);
         let (y, uv, _) = strided_frame(w, h, stride);
-        let planes = [
-            HostPlane {
-                ptr: y.as_ptr(),
-                stride,
-                rows: h,
-            },
-            HostPlane {
-                ptr: uv.as_ptr(),
-                stride,
-                rows: h / 2,
-            },
-        ];
+        let planes = nv12_planes(&y, &uv, stride, h);
         let bands = plan_bands(w, &[h, h / 2], 4096);
         let copier = BandCopier::new(3);
         for fail_at in [0, 5, bands.len() - 1] {

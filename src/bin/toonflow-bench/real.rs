@@ -291,6 +291,14 @@ pub fn run_mode(
             Feed::Source,
         ))
     };
+    // nvh264dec's output up to the queue, the element under test, what follows it.
+    let via_cudadownload = format!("cudadownload ! {decoded}");
+    let in_cuda = format!("video/x-raw(memory:CUDAMemory),{size}");
+    let decode = |front: &str, element: &str, back: &str| {
+        decoder(&format!(
+            "{front} ! queue max-size-buffers=4 ! {element} ! {back}{sink}"
+        ))
+    };
     let warmup = 50;
     let one = match mode {
         "videotestsrc" => (
@@ -314,27 +322,18 @@ pub fn run_mode(
         "appsrc-pinned" => push(pinned, false),
         "appsrc-pageable" => push(frames, false),
         "appsrc-fresh" => push(frames, true),
-        "nvh264dec" => decoder(&format!(
-            "{decoded} ! queue max-size-buffers=4 ! {toon} ! {sink}"
-        ))?,
-        "nvh264dec-cudadownload" => decoder(&format!(
-            "cudadownload ! {decoded} ! queue max-size-buffers=4 ! {toon} ! {sink}"
-        ))?,
-        "nvh264dec-cuda" => decoder(&format!(
-            "video/x-raw(memory:CUDAMemory),{size} ! queue max-size-buffers=4 ! {toon} ! \
-             video/x-raw(memory:CUDAMemory) ! cudadownload ! {sink}"
-        ))?,
+        "nvh264dec" => decode(&decoded, &toon, "")?,
+        "nvh264dec-cudadownload" => decode(&via_cudadownload, &toon, "")?,
+        "nvh264dec-cuda" => decode(
+            &in_cuda,
+            &toon,
+            "video/x-raw(memory:CUDAMemory) ! cudadownload ! ",
+        )?,
         // The decoder alone (an `identity` where toonflow sits): what NVDEC gives before
         // toonflow adds anything.
-        "nvh264dec-only" => decoder(&format!(
-            "{decoded} ! queue max-size-buffers=4 ! identity name=t ! {sink}"
-        ))?,
-        "nvh264dec-cudadownload-only" => decoder(&format!(
-            "cudadownload ! {decoded} ! queue max-size-buffers=4 ! identity name=t ! {sink}"
-        ))?,
-        "nvh264dec-cuda-only" => decoder(&format!(
-            "video/x-raw(memory:CUDAMemory),{size} ! queue max-size-buffers=4 ! identity name=t ! {sink}"
-        ))?,
+        "nvh264dec-only" => decode(&decoded, "identity name=t", "")?,
+        "nvh264dec-cudadownload-only" => decode(&via_cudadownload, "identity name=t", "")?,
+        "nvh264dec-cuda-only" => decode(&in_cuda, "identity name=t", "")?,
         "density" => {
             let mut rows = Vec::new();
             for n in DENSITY {
