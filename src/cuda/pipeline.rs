@@ -714,16 +714,14 @@ impl CudaPipeline {
         let staged = planes.map(|p| self.staging_threads > 0 && !is_page_locked(p.ptr));
         let dst = self.ptrs.nv12_in;
         if staged.contains(&true) {
-            if !self.stager.as_ref().is_some_and(|s| s.fits(w, &plane_rows)) {
-                self.stager = None; // the old page-locked buffer goes first
-                self.stager = Some(StagedUpload::new(
-                    self.ctx.clone(),
-                    self.staging_threads,
-                    w,
-                    &plane_rows,
-                )?);
-            }
-            let stager = self.stager.as_mut().expect("made above");
+            let (ctx, threads) = (self.ctx.clone(), self.staging_threads);
+            let stager = match &mut self.stager {
+                Some(s) if s.fits(w, &plane_rows) => s,
+                slot => {
+                    *slot = None; // the old page-locked buffer goes first
+                    slot.insert(StagedUpload::new(ctx, threads, w, &plane_rows)?)
+                }
+            };
             // SAFETY: `Nv12Frame::new` checked that each plane holds its rows of `w` bytes
             // `stride` apart; "nv12-in" holds both planes packed (the staging layout); the
             // frame outlives the call, and the stream is synchronised at the end of every
