@@ -42,7 +42,7 @@ for step in "$@"; do
                    --precisions fp16,fp32 --frames 2000 --cpu-frames 3 --reps 3 --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || rc=1 ;;
         real) # issue 12: the pipelines people run, density, host-copy paths (1080p)
             .gpu/bin/toonflow-bench --sizes 1080p --precisions fp16 --frames 1000 --reps 3 \
-                --modes videotestsrc,rawvideoparse,appsrc-pinned,appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,nvh264dec-only,nvh264dec-cudadownload-only,nvh264dec-cuda-only,density,host-copies \
+                --modes videotestsrc,rawvideoparse,rawvideoparse-only,appsrc-pinned,appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,nvh264dec-only,nvh264dec-cudadownload-only,nvh264dec-cuda-only,density,host-copies \
                 --json "$out/real.json" 2>&1 | grep -v XDG_RUNTIME | tee "$out/real.txt" || rc=1 ;;
         peer) # the PyTorch peer on the generated Hayao-class model and TOONFLOW_PEER_MODELS
             python3 tools/peers/torch_peer.py $(neural_models) \

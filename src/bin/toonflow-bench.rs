@@ -6,8 +6,8 @@
 //!
 //! The real-pipeline modes (real.rs: videotestsrc, rawvideoparse, appsrc-pinned/-pageable/-fresh,
 //! nvh264dec, nvh264dec-cudadownload, nvh264dec-cuda, density, host-copies) feed the CUDA element
-//! the way real upstream elements do and time it at its own pads (issue 12); the `-only` decoder
-//! modes time the decoder alone.
+//! the way real upstream elements do and time it at its own pads (issue 12); the `-only` modes
+//! time the source or decoder alone.
 //!
 //! `--model PATH` benchmarks the neural stage instead: the same frames through `toonflow
 //! model=PATH` on the CPU reference (`cpu`: a few frames, it is slow) and on CUDA
@@ -26,7 +26,8 @@ use gsttoonflow::pipeline::stats::percentile_of_sorted;
 mod real;
 
 const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4k,320x240] \
-[--modes cpu,cpu-reference,cpu-stages,cpu-fast-stages,cuda-eager,cuda-graph,frei0r,videotestsrc,rawvideoparse,appsrc-pinned,\
+[--modes cpu,cpu-reference,cpu-stages,cpu-fast-stages,cuda-eager,cuda-graph,frei0r,videotestsrc,rawvideoparse,\
+rawvideoparse-only,appsrc-pinned,\
 appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,nvh264dec-only,\
 nvh264dec-cudadownload-only,nvh264dec-cuda-only,density,host-copies] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
 [--reps N] [--json FILE] [--model PATH.onnx]";

@@ -13,9 +13,10 @@ use gsttoonflow::cuda::staging::{HostPlane, StagedUpload};
 use gsttoonflow::pipeline::stats::percentile_of_sorted;
 
 /// The modes this module runs.
-pub const MODES: [&str; 13] = [
+pub const MODES: [&str; 14] = [
     "videotestsrc",
     "rawvideoparse",
+    "rawvideoparse-only",
     "appsrc-pinned",
     "appsrc-pageable",
     "appsrc-fresh",
@@ -308,12 +309,19 @@ pub fn run_mode(
             ),
             Feed::Source,
         ),
-        "rawvideoparse" => {
+        // The source alone (`-only`: an `identity` where toonflow sits) says how much of the
+        // mode's rate is the file reading and parsing.
+        "rawvideoparse" | "rawvideoparse-only" => {
             let file = raw_file(w, h, frames)?;
+            let element = if mode == "rawvideoparse" {
+                toon.as_str()
+            } else {
+                "identity name=t"
+            };
             (
                 format!(
                     "multifilesrc location=\"{}\" loop=true ! rawvideoparse format=nv12 width={w} height={h} \
-                     framerate=30/1 ! queue max-size-buffers=4 ! {toon} ! {sink}",
+                     framerate=30/1 ! queue max-size-buffers=4 ! {element} ! {sink}",
                     file.display()
                 ),
                 Feed::Source,
