@@ -215,6 +215,12 @@ impl BandCopier {
         bands: &[Band],
         mut ready: impl FnMut(&Band) -> Result<(), E>,
     ) -> Result<(), E> {
+        // Checked here, on the caller's thread: a helper that panicked would leave its band
+        // undone and the caller waiting for it.
+        assert!(
+            bands.iter().all(|b| b.plane < planes.len()),
+            "a band of a plane that was not given"
+        );
         // A few small vectors per frame, against a copy of megabytes: not worth a free list
         // that a late helper could still be reading.
         let job = Arc::new(Job {
