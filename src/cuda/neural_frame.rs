@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg, result};
 use cudarc::nvrtc::Ptx;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
@@ -280,6 +280,13 @@ impl DeviceFrames {
         let block = allocate(ctx, layout.total, "the neural frame buffers")?;
         let capacity = settings.history.min(OutputFilter::MAX_HISTORY);
         let ring = allocate(ctx, ring_bytes(w, h, capacity), "the neural output ring")?;
+        // the gate's state starts cleared (no previous thumbnail, no cut)
+        // SAFETY: the block holds `bytes` bytes; the context is current (allocate bound it);
+        // `attach` below synchronises the context before anything reads the block.
+        unsafe {
+            result::memset_d8_async(block.ptr, 0, block.bytes as usize, std::ptr::null_mut())
+        }
+        .map_err(driver("cuMemsetD8Async"))?;
         let (kr, kb) = config.matrix.kr_kb();
         let (y_offset, y_scale, c_scale) = config.range.code_scales();
         let (v_scale, v_offset) = config.value_range.scale_offset();
@@ -375,31 +382,98 @@ impl DeviceFrames {
         self.ctx.synchronize().map_err(driver("cuCtxSynchronize"))
     }
 
+    /// The network's input as the conversion wrote it, into `out` (f32, the network's input
+    /// size), on `stream`, synchronised (the calibration frame's host copy).
+    pub fn read_input(&self, stream: &CudaStream, out: &mut [f32]) -> Result<(), CudaError> {
+        self.read_tensor(stream, self.params.tensor_in, out)
+    }
+
+    fn read_tensor(
+        &self,
+        stream: &CudaStream,
+        tensor: u64,
+        out: &mut [f32],
+    ) -> Result<(), CudaError> {
+        self.check_tensor(out.len())?;
+        // SAFETY: the network's input and output hold `out.len()` f32 (checked against their
+        // shape); `out` is not read before the synchronisation below.
+        unsafe {
+            copy_d2h(
+                stream.cu_stream(),
+                tensor,
+                out.as_mut_ptr() as *mut u8,
+                4 * out.len(),
+            )
+            .map_err(driver("network tensor download"))?;
+        }
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// The network's output of the last frame into `out` (f32), on `stream`, synchronised.
+    pub fn read_output(&self, stream: &CudaStream, out: &mut [f32]) -> Result<(), CudaError> {
+        self.read_tensor(stream, self.params.tensor_out, out)
+    }
+
+    /// `values` into the network's output (the calibration frame's result, computed eagerly
+    /// by the network before it was rebuilt), on `stream`, synchronised.
+    pub fn write_output(&self, stream: &CudaStream, values: &[f32]) -> Result<(), CudaError> {
+        self.check_tensor(values.len())?;
+        // SAFETY: the network's output holds `values.len()` f32 (checked); `values` outlives
+        // the synchronisation below.
+        unsafe {
+            copy_h2d(
+                stream.cu_stream(),
+                values.as_ptr() as *const u8,
+                self.params.tensor_out,
+                4 * values.len(),
+            )
+            .map_err(driver("network output upload"))?;
+        }
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    fn check_tensor(&self, len: usize) -> Result<(), CudaError> {
+        let want = (self.params.net_w * self.params.net_h * 3) as usize;
+        if len != want {
+            return Err(CudaError::Failed(format!(
+                "a tensor of {len} values, the network's input and output hold {want}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Device bytes held (NV12 planes, ring, thumbnails, blocks).
     pub fn device_bytes(&self) -> u64 {
         self.block.bytes + self.ring.bytes
     }
 
     /// Follows the temporal properties; a history beyond the ring's capacity reallocates the
-    /// ring (empty), as the CPU filter does.
+    /// ring (empty), as the CPU filter does. When that fails the settings still apply, with
+    /// the history clamped to the ring's capacity.
     pub fn set_settings(&mut self, settings: FilterSettings) -> Result<(), CudaError> {
+        self.settings = settings;
         let history = settings.history.min(OutputFilter::MAX_HISTORY);
         if history > self.capacity {
-            // the old ring goes before the larger one is allocated
+            // the old ring goes before the larger one is allocated; until that succeeds
+            // the ring holds nothing
             let (w, h) = (self.width, self.height);
             self.ring = allocate(&self.ctx, 1, "the neural output ring")?;
-            self.ring = allocate(
+            self.capacity = 0;
+            self.ring_next = 0;
+            self.ring_len = 0;
+            let grown = allocate(
                 &self.ctx,
                 ring_bytes(w, h, history),
                 "the neural output ring",
-            )?;
-            self.capacity = history;
-            self.ring_next = 0;
-            self.ring_len = 0;
+            )
+            .map(|ring| {
+                self.ring = ring;
+                self.capacity = history;
+            });
             self.params.ring = self.ring.ptr;
             self.write_params()?;
+            grown?;
         }
-        self.settings = settings;
         Ok(())
     }
 

@@ -516,6 +516,11 @@ impl NeuralGpu {
         Ok(())
     }
 
+    /// The context the network lives in (a frame path allocates there).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
     /// The stream the network runs on (a frame path enqueues its eager work there).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
