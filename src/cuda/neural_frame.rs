@@ -12,7 +12,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg, result};
 use cudarc::nvrtc::Ptx;
@@ -22,8 +21,7 @@ use parking_lot::Mutex;
 use super::context::{describe, guard};
 use super::copy::{Rows, copy_d2h, copy_h2d};
 use super::error::{CudaError, driver};
-use super::fault::{Fault, injected};
-use super::kernels::compile_to_ptx;
+use super::kernels::compile_cached;
 use super::neural::program::{NnControl, Program};
 use super::neural::{DeviceBlock, DeviceFrameIo, allocate};
 use super::pipeline::copy_nv12;
@@ -132,16 +130,14 @@ static MODULES: Lazy<Mutex<HashMap<usize, Arc<FrameKernels>>>> =
 /// Compiles kernels/neural_frame.cu to PTX for `arch` without FMA contraction (the CPU
 /// reference's rounding); needs NVRTC, not a device. Returns the PTX and NVRTC's milliseconds.
 pub fn compile(arch: &str) -> Result<(String, f64), CudaError> {
-    let broken = injected(Fault::Compile);
-    if let Some(ptx) = PTX_CACHE.lock().get(arch).filter(|_| !broken) {
-        return Ok((ptx.clone(), 0.0));
-    }
-    let start = Instant::now();
-    let text = compile_to_ptx(KERNEL_FILE, arch, full_source(), false, broken)?.to_src();
-    if !broken {
-        PTX_CACHE.lock().insert(arch.to_string(), text.clone());
-    }
-    Ok((text, start.elapsed().as_secs_f64() * 1e3))
+    compile_cached(
+        &PTX_CACHE,
+        arch.to_string(),
+        KERNEL_FILE,
+        arch,
+        full_source,
+        false,
+    )
 }
 
 struct FrameKernels {
@@ -613,10 +609,13 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
             )));
         }
         let s = stream.cu_stream();
-        let source = [
-            Rows::host_source(self.input.y.as_ptr(), self.input.y_stride),
-            Rows::host_source(self.input.uv.as_ptr(), self.input.uv_stride),
-        ];
+        let (i, source_y, source_uv) = (self.input, self.input.y, self.input.uv);
+        let source = host_planes(
+            source_y.as_ptr() as *mut u8,
+            i.y_stride,
+            source_uv.as_ptr() as *mut u8,
+            i.uv_stride,
+        );
         // SAFETY: an `Nv12Frame` holds `h` (`h/2`) rows of `w` bytes `y_stride` (`uv_stride`)
         // apart; the block holds packed NV12 of w×h at `nv12_in`; the input outlives the
         // frame's synchronisation. The control block is in the block at `control` and the
@@ -673,16 +672,8 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
             )));
         }
         let s = stream.cu_stream();
-        let target = [
-            Rows::Host {
-                ptr: self.output.y.as_mut_ptr(),
-                pitch: self.output.y_stride,
-            },
-            Rows::Host {
-                ptr: self.output.uv.as_mut_ptr(),
-                pitch: self.output.uv_stride,
-            },
-        ];
+        let o = &mut *self.output;
+        let target = host_planes(o.y.as_mut_ptr(), o.y_stride, o.uv.as_mut_ptr(), o.uv_stride);
         let source = self.nv12_rows(self.frames.params.nv12_out);
         let state = self.frames.params.state;
         // SAFETY: as for the upload, the other way: the output planes are writable and not
@@ -700,6 +691,20 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
         }
         Ok(())
     }
+}
+
+/// The two planes of an NV12 frame in host memory (a copy's source or target).
+fn host_planes(y: *mut u8, y_pitch: usize, uv: *mut u8, uv_pitch: usize) -> [Rows; 2] {
+    [
+        Rows::Host {
+            ptr: y,
+            pitch: y_pitch,
+        },
+        Rows::Host {
+            ptr: uv,
+            pitch: uv_pitch,
+        },
+    ]
 }
 
 /// Bytes of a ring of `capacity` fp16 RGB frames of `w`×`h`.

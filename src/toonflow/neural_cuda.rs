@@ -22,7 +22,7 @@ use crate::neural::Tensor;
 use crate::neural::engine::NeuralModel;
 use crate::neural::frame::ConverterConfig;
 use crate::neural::precision::{Calibrator, PrecisionPlan};
-use crate::neural::temporal::{SceneCut, StatSmoother};
+use crate::neural::temporal::{OutputFilter, SceneCut, StatSmoother};
 use crate::pipeline::cpu::FrameReport;
 use crate::pipeline::{Nv12Frame, Nv12FrameMut, ToonParams};
 
@@ -72,7 +72,7 @@ impl NeuralCuda {
         use_graph: bool,
     ) -> Result<NeuralCuda, NeuralGpuError> {
         // The smoother runs on the device; the host one only stands in for the shared type.
-        let f = NetworkFrames::new(model, config, params, |_| StatSmoother::new(0, 0.0))?;
+        let mut f = NetworkFrames::new(model, config, params, |_| StatSmoother::new(0, 0.0))?;
         let storage = Storage::uniform(f.network.stage_count(), false);
         let mut gpu = NeuralGpu::new(device_id, &f.network, &storage, max_bytes, use_graph)?;
         gpu.set_smoothing(params.stat_smoothing);
@@ -107,6 +107,10 @@ impl NeuralCuda {
                 }
             }
         };
+        if frames.is_some() {
+            // the output filter runs on the device: no host ring
+            f.temporal.filter = OutputFilter::new(0, 0, 0, config.matrix, config.range);
+        }
         Ok(NeuralCuda {
             calibrating: fp16.then(|| Calibrator::new(&f.network)),
             precision: None,
@@ -191,7 +195,15 @@ impl NeuralCuda {
     /// A longer history than the device ring holds reallocates it; when that fails the ring
     /// keeps its size (the history is clamped to it) and the log says why.
     pub fn set_params(&mut self, params: NeuralTemporalParams) {
-        if !self.f.set_params(params) {
+        let changed = if self.frames.is_some() {
+            // the output filter runs on the device: the host ring stays empty
+            let changed = self.f.params != params;
+            self.f.params = params;
+            changed
+        } else {
+            self.f.set_params(params)
+        };
+        if !changed {
             return;
         }
         if let Some(g) = &mut self.gpu {

@@ -473,7 +473,9 @@ impl NeuralGpu {
                     io.download(&gpu.stream)?;
                     gpu.synchronize()
                 },
-            )
+            )?;
+            self.stats.launches += io.launches();
+            Ok(())
         })
     }
 
