@@ -230,10 +230,7 @@ pub struct DeviceFrames {
     width: usize,
     height: usize,
     settings: FilterSettings,
-    capacity: usize,
-    /// The slot the next raw output goes to and the entries the ring holds.
-    ring_next: usize,
-    ring_len: usize,
+    slots: RingSlots,
     reset_pending: bool,
 }
 
@@ -241,7 +238,7 @@ impl std::fmt::Debug for DeviceFrames {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceFrames")
             .field("size", &(self.width, self.height))
-            .field("ring_capacity", &self.capacity)
+            .field("ring_capacity", &self.slots.capacity())
             .field("device_bytes", &self.device_bytes())
             .finish()
     }
@@ -327,9 +324,7 @@ impl DeviceFrames {
             width: w,
             height: h,
             settings,
-            capacity,
-            ring_next: 0,
-            ring_len: 0,
+            slots: RingSlots::new(capacity),
             reset_pending: true,
         };
         frames.attach(program)?;
@@ -449,14 +444,12 @@ impl DeviceFrames {
     pub fn set_settings(&mut self, settings: FilterSettings) -> Result<(), CudaError> {
         self.settings = settings;
         let history = settings.history.min(OutputFilter::MAX_HISTORY);
-        if history > self.capacity {
+        if history > self.slots.capacity() {
             // the old ring goes before the larger one is allocated; until that succeeds
             // the ring holds nothing
             let (w, h) = (self.width, self.height);
             self.ring = allocate(&self.ctx, 1, "the neural output ring")?;
-            self.capacity = 0;
-            self.ring_next = 0;
-            self.ring_len = 0;
+            self.slots = RingSlots::new(0);
             let grown = allocate(
                 &self.ctx,
                 ring_bytes(w, h, history),
@@ -464,7 +457,7 @@ impl DeviceFrames {
             )
             .map(|ring| {
                 self.ring = ring;
-                self.capacity = history;
+                self.slots = RingSlots::new(history);
             });
             self.params.ring = self.ring.ptr;
             self.write_params()?;
@@ -475,12 +468,8 @@ impl DeviceFrames {
 
     /// Forgets the ring and the scene reference (FLUSH, DISCONT, caps).
     pub fn reset(&mut self) {
-        self.ring_len = 0;
+        self.slots.clear();
         self.reset_pending = true;
-    }
-
-    fn history(&self) -> usize {
-        self.settings.history.min(self.capacity)
     }
 
     fn launch(
@@ -512,21 +501,12 @@ impl DeviceFrames {
 
     /// The control block of the coming frame (ring slots, settings, reset).
     fn prepare_control(&mut self) {
-        let history = self.history();
-        let used = self.ring_len.min(history);
-        let mut recent = [0i32; 8];
-        for (k, slot) in recent.iter_mut().enumerate().take(used) {
-            *slot = ((self.ring_next + self.capacity - 1 - k) % self.capacity) as i32;
-        }
+        let (recent, used, write_slot) = self.slots.plan(self.settings.history);
         let sigma = self.settings.motion_sigma.max(0.01);
         *self.control = NfControl {
             recent,
             used: used as i32,
-            write_slot: if history > 0 {
-                self.ring_next as i32
-            } else {
-                -1
-            },
+            write_slot: write_slot.map_or(-1, |s| s as i32),
             reset: self.reset_pending as i32,
             strength: self.settings.strength.clamp(0.0, 1.0),
             motion_coeff: -1.0 / (2.0 * sigma * sigma),
@@ -539,17 +519,7 @@ impl DeviceFrames {
     fn conclude(&mut self) -> (SceneCut, usize) {
         let cut = self.verdict.cut != 0;
         let used = if cut { 0 } else { self.control.used as usize };
-        if self.control.write_slot >= 0 {
-            // after a cut the ring holds this frame alone
-            self.ring_len = if cut {
-                1
-            } else {
-                (self.ring_len + 1).min(self.capacity)
-            };
-            self.ring_next = (self.ring_next + 1) % self.capacity;
-        } else if cut {
-            self.ring_len = 0;
-        }
+        self.slots.commit(self.control.write_slot >= 0, cut);
         self.reset_pending = false;
         (
             SceneCut {
@@ -693,6 +663,61 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
     }
 }
 
+/// Which ring slots a frame's output filter reads and which it writes, when the scene verdict
+/// that may empty the ring arrives only after the frame: the device reads the `used` most
+/// recent slots unless it finds a cut, writes the next slot, and [`commit`](Self::commit)
+/// learns the verdict. Plain bookkeeping, the same entries as the CPU filter's ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingSlots {
+    capacity: usize,
+    /// The slot the next raw output goes to.
+    next: usize,
+    len: usize,
+}
+
+impl RingSlots {
+    pub fn new(capacity: usize) -> RingSlots {
+        RingSlots {
+            capacity: capacity.min(OutputFilter::MAX_HISTORY),
+            next: 0,
+            len: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// For `history` (clamped to the capacity): the slots of the k-th most recent entries
+    /// (k = 1..=used, in the first `used` places), `used`, and the slot this frame's output
+    /// goes to (`None` with history 0: not recorded).
+    pub fn plan(&self, history: usize) -> ([i32; 8], usize, Option<usize>) {
+        let history = history.min(self.capacity);
+        let used = self.len.min(history);
+        let mut recent = [0i32; 8];
+        for (k, slot) in recent.iter_mut().enumerate().take(used) {
+            *slot = ((self.next + self.capacity - 1 - k) % self.capacity) as i32;
+        }
+        (recent, used, (history > 0).then_some(self.next))
+    }
+
+    /// After the frame: whether it `wrote` its planned slot and whether it was a scene cut
+    /// (which emptied the ring before the frame's own output joined it).
+    pub fn commit(&mut self, wrote: bool, cut: bool) {
+        if cut {
+            self.len = 0;
+        }
+        if wrote && self.capacity > 0 {
+            self.next = (self.next + 1) % self.capacity;
+            self.len = (self.len + 1).min(self.capacity);
+        }
+    }
+}
+
 /// The two planes of an NV12 frame in host memory (a copy's source or target).
 fn host_planes(y: *mut u8, y_pitch: usize, uv: *mut u8, uv_pitch: usize) -> [Rows; 2] {
     [
@@ -710,4 +735,51 @@ fn host_planes(y: *mut u8, y_pitch: usize, uv: *mut u8, uv_pitch: usize) -> [Row
 /// Bytes of a ring of `capacity` fp16 RGB frames of `w`×`h`.
 fn ring_bytes(w: usize, h: usize, capacity: usize) -> u64 {
     (2 * 3 * w * h * capacity).max(1) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::ring::TemporalRing;
+
+    /// Frame after frame with changing history and scene cuts, the slots the device reads
+    /// hold the frames the CPU filter's ring holds, most recent first.
+    #[test]
+    fn ring_slots_follow_the_cpu_filters_ring_through_cuts_and_history_changes() {
+        let capacity = 4;
+        let mut slots = RingSlots::new(capacity);
+        let mut device: Vec<Option<u32>> = vec![None; capacity];
+        let mut cpu = TemporalRing::new(capacity, || 0u32);
+        let mut seed = 0x1234_5678u32;
+        for frame in 0..400u32 {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let history = (seed >> 8) as usize % (capacity + 1);
+            let cut = (seed >> 16) % 7 == 0;
+            // the CPU: a cut empties the ring before the frame is filtered
+            if cut {
+                cpu.clear();
+            }
+            let cpu_used = cpu.len().min(history);
+            let cpu_frames: Vec<u32> = (1..=cpu_used).map(|k| *cpu.recent(k).unwrap()).collect();
+            // the device: planned before the verdict, which it applies itself
+            let (recent, planned, write) = slots.plan(history);
+            let used = if cut { 0 } else { planned };
+            let device_frames: Vec<u32> = recent[..used]
+                .iter()
+                .map(|&s| device[s as usize].expect("a written slot"))
+                .collect();
+            assert_eq!(device_frames, cpu_frames, "frame {frame} history {history}");
+            if let Some(w) = write {
+                device[w] = Some(frame);
+            }
+            if history > 0 {
+                cpu.push_with(|slot| *slot = frame);
+            }
+            slots.commit(write.is_some(), cut);
+        }
+        let mut off = RingSlots::new(0);
+        assert_eq!(off.plan(3), ([0; 8], 0, None));
+        off.commit(false, true);
+        assert_eq!(off, RingSlots::new(0));
+    }
 }
