@@ -754,7 +754,7 @@ mod tests {
         for frame in 0..400u32 {
             seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             let history = (seed >> 8) as usize % (capacity + 1);
-            let cut = (seed >> 16) % 7 == 0;
+            let cut = (seed >> 16).is_multiple_of(7);
             // the CPU: a cut empties the ring before the frame is filtered
             if cut {
                 cpu.clear();
