@@ -29,7 +29,7 @@ use crate::kernel_abi::{Define, KernelStruct, c_header, kernel_struct};
 use crate::neural::frame::{ConverterConfig, TensorLayout};
 use crate::neural::temporal::{OutputFilter, SceneCut};
 use crate::pipeline::params::{THUMB_H, THUMB_W};
-use crate::pipeline::{Nv12Frame, Nv12FrameMut};
+use crate::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut};
 
 pub const KERNEL_SOURCE: &str = include_str!("../../kernels/neural_frame.cu");
 pub const KERNEL_FILE: &str = "neural_frame.cu";
@@ -269,7 +269,13 @@ impl DeviceFrames {
         let (w, h) = (config.width, config.height);
         let (net_h, net_w) = net_size;
         let kernels = kernels(ctx)?;
-        let layout = Layout::new((w * h + w * (h / 2)) as u64);
+        let layout = Layout::new(
+            FrameGeometry {
+                width: w,
+                height: h,
+            }
+            .nv12_bytes() as u64,
+        );
         let block = allocate(ctx, layout.total, "the neural frame buffers")?;
         let capacity = settings.history.min(OutputFilter::MAX_HISTORY);
         let ring = allocate(ctx, ring_bytes(w, h, capacity), "the neural output ring")?;
@@ -431,6 +437,12 @@ impl DeviceFrames {
             )));
         }
         Ok(())
+    }
+
+    /// Bytes of one NV12 frame (what a frame copies each way).
+    pub fn frame_bytes(&self) -> u64 {
+        let (width, height) = (self.width, self.height);
+        FrameGeometry { width, height }.nv12_bytes() as u64
     }
 
     /// Device bytes held (NV12 planes, ring, thumbnails, blocks).

@@ -177,11 +177,19 @@ impl NeuralCuda {
         )
     }
 
+    /// The last frame's figures; on the device frame path the NV12 planes are what crossed
+    /// PCIe each way (the host path's f32 tensors are not counted).
     pub fn gpu_stats(&self) -> GpuFrameStats {
-        self.gpu
+        let mut stats = self
+            .gpu
             .as_ref()
             .map(|g| g.last_frame_stats())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if let Some(frames) = &self.frames {
+            let bytes = frames.frame_bytes();
+            (stats.upload_bytes, stats.download_bytes) = (bytes, bytes);
+        }
+        stats
     }
 
     pub fn set_use_graph(&mut self, on: bool) {
