@@ -9,7 +9,7 @@
 use std::panic::catch_unwind;
 
 use gsttoonflow::cuda::kernels::{KERNEL_FILE, KERNEL_NAMES, compile};
-use gsttoonflow::cuda::neural;
+use gsttoonflow::cuda::{neural, neural_frame};
 use gsttoonflow::pipeline::Precision;
 
 const ARCHES: [&str; 4] = ["sm_75", "sm_86", "sm_89", "sm_90"];
@@ -46,7 +46,7 @@ fn every_kernel_file_is_covered() {
     files.sort();
     assert_eq!(
         files,
-        [neural::KERNEL_FILE, KERNEL_FILE],
+        [neural::KERNEL_FILE, neural_frame::KERNEL_FILE, KERNEL_FILE],
         "kernels/*.cu and the files this test compiles"
     );
 }
@@ -101,35 +101,54 @@ fn kernels_compile_for_every_target_architecture_and_precision() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// kernels/neural.cu (the style network's kernels, one build for both storage precisions: the
-/// storage of each buffer is chosen per launch).
-#[test]
-fn neural_kernels_compile_for_every_target_architecture() {
+/// Compiles one kernel file with its build function for every architecture: the PTX is for
+/// that architecture and defines every kernel the backend loads by name.
+fn compile_everywhere(
+    file: &str,
+    names: &[&str],
+    compile: fn(&str) -> Result<(String, f64), gsttoonflow::cuda::CudaError>,
+) {
     if skipped_without_nvrtc() {
         return;
     }
     let mut failures = Vec::new();
     for arch in ARCHES {
-        let (ptx, ms) = match neural::compile(arch) {
+        let (ptx, ms) = match compile(arch) {
             Ok(r) => r,
             Err(e) => {
-                failures.push(format!("{} {arch}: {e}", neural::KERNEL_FILE));
+                failures.push(format!("{file} {arch}: {e}"));
                 continue;
             }
         };
         assert!(ptx.contains(&format!(".target {arch}")), "{arch}");
-        for name in neural::KERNEL_NAMES {
+        for name in names {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),
-                "{arch}: no entry {name} in the PTX"
+                "{file} {arch}: no entry {name} in the PTX"
             );
         }
         println!(
-            "compiled {} for {arch}: {} kernels, {} bytes of PTX in {ms:.0} ms",
-            neural::KERNEL_FILE,
-            neural::KERNEL_NAMES.len(),
+            "compiled {file} for {arch}: {} kernels, {} bytes of PTX in {ms:.0} ms",
+            names.len(),
             ptx.len()
         );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// kernels/neural.cu (the style network's kernels, one build for both storage precisions: the
+/// storage of each buffer is chosen per launch).
+#[test]
+fn neural_kernels_compile_for_every_target_architecture() {
+    compile_everywhere(neural::KERNEL_FILE, &neural::KERNEL_NAMES, neural::compile);
+}
+
+/// kernels/neural_frame.cu (the neural element's frame conversions and output filter).
+#[test]
+fn neural_frame_kernels_compile_for_every_target_architecture() {
+    compile_everywhere(
+        neural_frame::KERNEL_FILE,
+        &neural_frame::KERNEL_NAMES,
+        neural_frame::compile,
+    );
 }

@@ -109,6 +109,29 @@ pub(crate) fn compile_to_ptx(
     })
 }
 
+/// PTX from `cache` under `key`, else compiled from `source()` by [`compile_to_ptx`] and
+/// cached (not under `TOONFLOW_CUDA_FAULT=compile`, which makes NVRTC fail); returns the PTX
+/// and NVRTC's milliseconds (0 on a cache hit).
+pub(crate) fn compile_cached<K: Eq + std::hash::Hash>(
+    cache: &Mutex<HashMap<K, String>>,
+    key: K,
+    file: &'static str,
+    arch: &str,
+    source: impl FnOnce() -> String,
+    fmad: bool,
+) -> Result<(String, f64), CudaError> {
+    let broken = injected(Fault::Compile);
+    if let Some(ptx) = cache.lock().get(&key).filter(|_| !broken) {
+        return Ok((ptx.clone(), 0.0));
+    }
+    let start = Instant::now();
+    let text = compile_to_ptx(file, arch, source(), fmad, broken)?.to_src();
+    if !broken {
+        cache.lock().insert(key, text.clone());
+    }
+    Ok((text, start.elapsed().as_secs_f64() * 1e3))
+}
+
 /// Compiles the kernels to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
 pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaError> {
     let broken = injected(Fault::Compile);

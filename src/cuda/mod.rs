@@ -23,6 +23,7 @@ pub mod hostreg;
 pub mod kernels;
 mod launch;
 pub mod neural;
+pub mod neural_frame;
 mod pinned;
 mod pipeline;
 pub mod plan;

@@ -83,7 +83,7 @@ impl DeviceNv12 {
 ///
 /// # Safety
 /// As for [`copy_2d`], for both planes.
-unsafe fn copy_nv12(
+pub(crate) unsafe fn copy_nv12(
     stream: sys::CUstream,
     src: [Rows; 2],
     dst: [Rows; 2],

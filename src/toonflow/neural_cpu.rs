@@ -184,16 +184,23 @@ impl NetworkFrames {
         self.converter
             .write_nv12(output.y, output.y_stride, output.uv, output.uv_stride)
             .map_err(NeuralError::Model)?;
-        if let Some(p) = lines {
-            self.lines
-                .get_or_insert_with(|| LineOverlay::new(output.geometry))
-                .apply(p, output);
-        }
+        self.draw_lines(lines, output);
         Ok(FrameReport {
             scene_cut: cut.cut,
             scene_score: cut.score,
             history_used,
         })
+    }
+}
+
+impl NetworkFrames {
+    /// With `lines`, the classic DoG lines of those parameters over `output` (`model-edges`).
+    pub fn draw_lines(&mut self, lines: Option<&ToonParams>, output: &mut Nv12FrameMut) {
+        if let Some(p) = lines {
+            self.lines
+                .get_or_insert_with(|| LineOverlay::new(output.geometry))
+                .apply(p, output);
+        }
     }
 }
 

@@ -1,7 +1,10 @@
-//! The neural processor on the GPU: the frame conversions and the temporal output filter of the
-//! CPU processor ([`super::neural_cpu`]), the network itself on the device
+//! The neural processor on the GPU: the network on the device
 //! ([`crate::cuda::neural::NeuralGpu`], one CUDA graph per shape, the statistics smoother on
-//! the device).
+//! the device) and, at model-scale 1, the frame path too ([`DeviceFrames`]: NV12 in and out,
+//! the scene gate, the conversions and the temporal output filter as kernels captured in the
+//! network's graph; per frame only the NV12 planes cross PCIe). At other scales, or with
+//! `TOONFLOW_NEURAL_DEVICE_FRAMES=0` (for comparisons), the CPU processor's conversions and
+//! output filter ([`super::neural_cpu`]) run on the host around the network.
 //!
 //! `precision=fp32` stores every activation in fp32. `precision=fp16` is calibrated: the first
 //! frame runs in fp32, stage by stage, while [`Calibrator`] records every stage output's range
@@ -10,14 +13,16 @@
 
 use std::sync::Arc;
 
+use crate::cuda::neural::DeviceFrameIo;
 use crate::cuda::neural::program::Storage;
 use crate::cuda::neural::{NeuralGpu, NeuralGpuError, NeuralGpuEvent};
+use crate::cuda::neural_frame::{DeviceFrames, FilterSettings};
 use crate::cuda::{CudaError, GpuFrameStats};
 use crate::neural::Tensor;
 use crate::neural::engine::NeuralModel;
 use crate::neural::frame::ConverterConfig;
 use crate::neural::precision::{Calibrator, PrecisionPlan};
-use crate::neural::temporal::StatSmoother;
+use crate::neural::temporal::{OutputFilter, SceneCut, StatSmoother};
 use crate::pipeline::cpu::FrameReport;
 use crate::pipeline::{Nv12Frame, Nv12FrameMut, ToonParams};
 
@@ -30,6 +35,8 @@ pub struct NeuralCuda {
     f: NetworkFrames,
     /// `None` only after a rebuild failed to allocate: frames are refused.
     gpu: Option<NeuralGpu>,
+    /// The frame path on the device; `None`: the host converts.
+    frames: Option<DeviceFrames>,
     device_id: usize,
     max_bytes: u64,
     use_graph: bool,
@@ -65,21 +72,56 @@ impl NeuralCuda {
         use_graph: bool,
     ) -> Result<NeuralCuda, NeuralGpuError> {
         // The smoother runs on the device; the host one only stands in for the shared type.
-        let f = NetworkFrames::new(model, config, params, |_| StatSmoother::new(0, 0.0))?;
+        let mut f = NetworkFrames::new(model, config, params, |_| StatSmoother::new(0, 0.0))?;
         let storage = Storage::uniform(f.network.stage_count(), false);
         let mut gpu = NeuralGpu::new(device_id, &f.network, &storage, max_bytes, use_graph)?;
         gpu.set_smoothing(params.stat_smoothing);
         let output = f.converter.new_tensor();
+        let mut log = Vec::new();
+        let frames = if !device_frames_enabled() {
+            log.push("frame conversions on the host (TOONFLOW_NEURAL_DEVICE_FRAMES=0)".into());
+            None
+        } else if !DeviceFrames::supports(&config) {
+            log.push(format!(
+                "frame conversions on the host: the device path runs at model-scale 1, not {}",
+                config.scale
+            ));
+            None
+        } else {
+            let settings = filter_settings(&params);
+            let size = f.network_size();
+            match DeviceFrames::new(gpu.context(), &config, gpu.program(), size, settings) {
+                Ok(frames) => {
+                    log.push(format!(
+                        "frame conversions, scene gate and output filter on the device ({} \
+                         bytes)",
+                        frames.device_bytes()
+                    ));
+                    Some(frames)
+                }
+                Err(e) => {
+                    log.push(format!(
+                        "frame conversions on the host: the device path failed: {e}"
+                    ));
+                    None
+                }
+            }
+        };
+        if frames.is_some() {
+            // the output filter runs on the device: no host ring
+            f.temporal.filter = OutputFilter::new(0, 0, 0, config.matrix, config.range);
+        }
         Ok(NeuralCuda {
             calibrating: fp16.then(|| Calibrator::new(&f.network)),
             precision: None,
             gpu: Some(gpu),
+            frames,
             f,
             device_id,
             max_bytes,
             use_graph,
             output,
-            log: Vec::new(),
+            log,
         })
     }
 
@@ -97,12 +139,7 @@ impl NeuralCuda {
     }
 
     fn device(&mut self) -> Result<&mut NeuralGpu, NeuralGpuError> {
-        self.gpu.as_mut().ok_or_else(|| {
-            CudaError::Failed(
-                "the network has no device memory: its rebuild after calibration failed".into(),
-            )
-            .into()
-        })
+        self.gpu.as_mut().ok_or_else(no_network)
     }
 
     /// Lines to log since the last call (kernels, graph captures, the calibration's decision).
@@ -133,17 +170,26 @@ impl NeuralCuda {
 
     pub fn frame_stats(&self) -> NeuralFrameStats {
         let gpu = self.gpu.as_ref();
+        let frames = self.frames.as_ref().map_or(0, |f| f.device_bytes());
         self.f.frame_stats(
-            gpu.map_or(0, |g| g.device_bytes()),
+            gpu.map_or(0, |g| g.device_bytes()) + frames,
             gpu.map_or(0, |g| g.program().arena.peak_live_bytes),
         )
     }
 
+    /// The last frame's figures; on the device frame path the NV12 planes are what crossed
+    /// PCIe each way (the host path's f32 tensors are not counted).
     pub fn gpu_stats(&self) -> GpuFrameStats {
-        self.gpu
+        let mut stats = self
+            .gpu
             .as_ref()
             .map(|g| g.last_frame_stats())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if let Some(frames) = &self.frames {
+            let bytes = frames.frame_bytes();
+            (stats.upload_bytes, stats.download_bytes) = (bytes, bytes);
+        }
+        stats
     }
 
     pub fn set_use_graph(&mut self, on: bool) {
@@ -154,11 +200,30 @@ impl NeuralCuda {
     }
 
     /// Follows the temporal properties (as the CPU processor does).
+    /// A longer history than the device ring holds reallocates it; when that fails the ring
+    /// keeps its size (the history is clamped to it) and the log says why.
     pub fn set_params(&mut self, params: NeuralTemporalParams) {
-        if self.f.set_params(params)
-            && let Some(g) = &mut self.gpu
-        {
+        let changed = if self.frames.is_some() {
+            // the output filter runs on the device: the host ring stays empty
+            let changed = self.f.params != params;
+            self.f.params = params;
+            changed
+        } else {
+            self.f.set_params(params)
+        };
+        if !changed {
+            return;
+        }
+        if let Some(g) = &mut self.gpu {
             g.set_smoothing(params.stat_smoothing);
+        }
+        if let Some(frames) = &mut self.frames
+            && let Err(e) = frames.set_settings(filter_settings(&params))
+        {
+            self.log.push(format!(
+                "temporal-history {} kept at the device ring's size: {e}",
+                params.history
+            ));
         }
     }
 
@@ -167,6 +232,9 @@ impl NeuralCuda {
         self.f.temporal.reset();
         if let Some(g) = &mut self.gpu {
             g.reset();
+        }
+        if let Some(frames) = &mut self.frames {
+            frames.reset();
         }
     }
 
@@ -177,41 +245,107 @@ impl NeuralCuda {
         output: &mut Nv12FrameMut,
         lines: Option<&ToonParams>,
     ) -> Result<FrameReport, NeuralGpuError> {
+        if self.frames.is_none() {
+            return self.process_on_host(input, output, lines);
+        }
+        let (cut, history_used) = if self.calibrating.is_some() {
+            self.calibrate_on_device(input, output)?
+        } else {
+            let (Some(gpu), Some(frames)) = (self.gpu.as_mut(), self.frames.as_mut()) else {
+                return Err(no_network());
+            };
+            let mut job = frames.job(input, output);
+            gpu.run_device(&mut job)?;
+            job.conclude()
+        };
+        self.f.draw_lines(lines, output);
+        Ok(FrameReport {
+            scene_cut: cut.cut,
+            scene_score: cut.score,
+            history_used,
+        })
+    }
+
+    /// The first frame of an fp16 stream on the device frame path: the conversion on the
+    /// device, the network eagerly in fp32 with the calibrator watching, the rebuild with the
+    /// calibrated storage, the output filter on the device from the fp32 result.
+    fn calibrate_on_device(
+        &mut self,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+    ) -> Result<(SceneCut, usize), NeuralGpuError> {
+        let (Some(gpu), Some(frames)) = (self.gpu.as_mut(), self.frames.as_mut()) else {
+            return Err(no_network());
+        };
+        {
+            let mut job = frames.job(input, output);
+            gpu.context()
+                .bind_to_thread()
+                .map_err(|e| CudaError::Failed(format!("binding the context: {e}")))?;
+            job.upload(gpu.stream())?;
+            job.before(gpu.stream())?;
+        }
+        frames.read_input(gpu.stream(), &mut self.f.input.data)?;
+        self.calibrate()?;
+        let (Some(gpu), Some(frames)) = (self.gpu.as_mut(), self.frames.as_mut()) else {
+            return Err(no_network());
+        };
+        frames.attach(gpu.program())?;
+        frames.write_output(gpu.stream(), &self.output.data)?;
+        let mut job = frames.job(input, output);
+        job.after(gpu.stream())?;
+        job.download(gpu.stream())?;
+        gpu.synchronize()?;
+        Ok(job.conclude())
+    }
+
+    /// Runs `self.f.input` through the fp32 network eagerly with the calibrator watching
+    /// (result in `self.output`), then rebuilds the network with the calibrated storage.
+    fn calibrate(&mut self) -> Result<(), NeuralGpuError> {
+        let Some(mut calibrator) = self.calibrating.take() else {
+            return Ok(());
+        };
+        let mut stats: Vec<(usize, Vec<f32>, Vec<f32>)> = Vec::new();
+        let gpu = self.gpu.as_mut().ok_or_else(no_network)?;
+        gpu.run_observed(
+            &self.f.input,
+            &mut self.output,
+            &mut |stage, values| calibrator.record_output_data(stage, values),
+            &mut |index, mean, var| stats.push((index, mean.to_vec(), var.to_vec())),
+        )?;
+        for (index, mean, var) in &stats {
+            calibrator.record_stats(*index, mean, var);
+        }
+        calibrator.frame_done();
+        let plan = calibrator.finish();
+        self.log.push(format!(
+            "calibrated storage of {} ({} of {} stages fp16):\n{}",
+            self.f.model.name(),
+            plan.count(crate::neural::precision::StoragePrecision::Fp16),
+            plan.len(),
+            plan.ledger()
+        ));
+        self.rebuild(&Storage::from_plan(&plan))?;
+        self.precision = Some(plan);
+        Ok(())
+    }
+
+    /// The host frame path: conversions and the output filter on the CPU, the network on the
+    /// device with f32 tensors copied each way.
+    fn process_on_host(
+        &mut self,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+        lines: Option<&ToonParams>,
+    ) -> Result<FrameReport, NeuralGpuError> {
         let cut = self.f.begin(input)?;
         if cut.cut {
             self.device()?.reset();
         }
-        if let Some(mut calibrator) = self.calibrating.take() {
-            let mut stats: Vec<(usize, Vec<f32>, Vec<f32>)> = Vec::new();
-            let gpu = self
-                .gpu
-                .as_mut()
-                .ok_or(CudaError::Failed("no device network".into()))?;
-            gpu.run_observed(
-                &self.f.input,
-                &mut self.output,
-                &mut |stage, values| calibrator.record_output_data(stage, values),
-                &mut |index, mean, var| stats.push((index, mean.to_vec(), var.to_vec())),
-            )?;
-            for (index, mean, var) in &stats {
-                calibrator.record_stats(*index, mean, var);
-            }
-            calibrator.frame_done();
-            let plan = calibrator.finish();
-            self.log.push(format!(
-                "calibrated storage of {} ({} of {} stages fp16):\n{}",
-                self.f.model.name(),
-                plan.count(crate::neural::precision::StoragePrecision::Fp16),
-                plan.len(),
-                plan.ledger()
-            ));
-            self.rebuild(&Storage::from_plan(&plan))?;
-            self.precision = Some(plan);
+        if self.calibrating.is_some() {
+            self.calibrate()?;
         } else {
-            let gpu = self
-                .gpu
-                .as_mut()
-                .ok_or(CudaError::Failed("no device network".into()))?;
+            let gpu = self.gpu.as_mut().ok_or_else(no_network)?;
             gpu.run(&self.f.input, &mut self.output)?;
         }
         Ok(self.f.finish(cut, &self.output, output, lines)?)
@@ -231,5 +365,26 @@ impl NeuralCuda {
         gpu.set_smoothing(self.f.params.stat_smoothing);
         self.gpu = Some(gpu);
         Ok(())
+    }
+}
+
+fn no_network() -> NeuralGpuError {
+    CudaError::Failed(
+        "the network has no device memory: its rebuild after calibration failed".into(),
+    )
+    .into()
+}
+
+/// The frame path on the device unless `TOONFLOW_NEURAL_DEVICE_FRAMES=0`.
+fn device_frames_enabled() -> bool {
+    std::env::var("TOONFLOW_NEURAL_DEVICE_FRAMES").map_or(true, |v| v != "0")
+}
+
+fn filter_settings(params: &NeuralTemporalParams) -> FilterSettings {
+    FilterSettings {
+        history: params.history,
+        strength: params.strength,
+        motion_sigma: params.motion_sigma,
+        scene_cut_threshold: params.scene_cut_threshold,
     }
 }

@@ -123,9 +123,9 @@ pub enum NeuralGpuError {
 }
 
 /// One device allocation, freed on drop.
-struct DeviceBlock {
-    ptr: CUdeviceptr,
-    bytes: u64,
+pub(crate) struct DeviceBlock {
+    pub(crate) ptr: CUdeviceptr,
+    pub(crate) bytes: u64,
     ctx: Arc<CudaContext>,
 }
 
@@ -138,7 +138,11 @@ impl Drop for DeviceBlock {
     }
 }
 
-fn allocate(ctx: &Arc<CudaContext>, bytes: u64, what: &str) -> Result<DeviceBlock, CudaError> {
+pub(crate) fn allocate(
+    ctx: &Arc<CudaContext>,
+    bytes: u64,
+    what: &str,
+) -> Result<DeviceBlock, CudaError> {
     let (free, _) = memory_info(ctx)?;
     let ask = if injected(Fault::Alloc) {
         free.saturating_mul(4)
@@ -166,6 +170,21 @@ fn allocate(ctx: &Arc<CudaContext>, bytes: u64, what: &str) -> Result<DeviceBloc
             ctx: ctx.clone(),
         })
     })
+}
+
+/// A frame path around the network (src/cuda/neural_frame.rs): its copies before and after
+/// the launches, its kernels captured with them ([`NeuralGpu::run_device`]).
+pub trait DeviceFrameIo {
+    /// Host → device copies of the frame (before the launches, outside the graph).
+    fn upload(&mut self, stream: &CudaStream) -> Result<(), CudaError>;
+    /// Kernels that make the network's input.
+    fn before(&self, stream: &CudaStream) -> Result<(), CudaError>;
+    /// Kernels that take the network's output.
+    fn after(&self, stream: &CudaStream) -> Result<(), CudaError>;
+    /// Device → host copies of the result (after the launches).
+    fn download(&mut self, stream: &CudaStream) -> Result<(), CudaError>;
+    /// Kernels `before` and `after` launch.
+    fn launches(&self) -> u32;
 }
 
 /// What the executor wants logged.
@@ -368,11 +387,8 @@ impl NeuralGpu {
                 p.elements
             )));
         }
-        self.host_control.smoothing = self.smoothing;
-        self.host_control.reset = self.reset_pending as i32;
-        // SAFETY: the input buffer holds `elements` f32 in the arena, the control block
-        // NnControl in the static block; the host memory outlives the synchronisation that
-        // ends every frame.
+        // SAFETY: the input buffer holds `elements` f32 in the arena; the host memory outlives
+        // the synchronisation that ends every frame.
         unsafe {
             copy_h2d(
                 self.stream.cu_stream(),
@@ -381,6 +397,17 @@ impl NeuralGpu {
                 input.data.len() * 4,
             )
             .map_err(driver("input upload"))?;
+        }
+        self.upload_control()
+    }
+
+    /// The control block of the coming frame (smoothing, statistics reset).
+    fn upload_control(&mut self) -> Result<(), CudaError> {
+        self.host_control.smoothing = self.smoothing;
+        self.host_control.reset = self.reset_pending as i32;
+        // SAFETY: the control block NnControl is in the static block; the boxed host copy
+        // outlives the synchronisation that ends every frame.
+        unsafe {
             copy_h2d(
                 self.stream.cu_stream(),
                 bytemuck::bytes_of(&*self.host_control).as_ptr(),
@@ -420,54 +447,120 @@ impl NeuralGpu {
     /// Runs one frame: `input` (the network's input tensor, f32) up, the launches (eager,
     /// captured or replayed), the output down into `output` (its shape must be the network's).
     pub fn run(&mut self, input: &Tensor<f32>, output: &mut Tensor<f32>) -> Result<(), CudaError> {
-        let start = Instant::now();
         guard("running the network", || {
-            self.ctx
-                .bind_to_thread()
-                .map_err(driver("binding the context"))?;
-            self.upload_input(input)?;
-            self.events[0]
-                .record(&self.stream)
-                .map_err(driver("cuEventRecord"))?;
-            let replayed = self.run_launches()?;
-            self.events[1]
-                .record(&self.stream)
-                .map_err(driver("cuEventRecord"))?;
-            self.download_output(output)?;
-            self.reset_pending = false;
-            let gpu = self.events[0]
-                .elapsed_ms(&self.events[1])
-                .map(|v| v as f64 * 1e3)
-                .unwrap_or(0.0);
-            self.stats = GpuFrameStats {
-                gpu_time_us: gpu,
-                launches: self.launches_per_frame(),
-                graph_replayed: replayed,
-                arena_bytes: self.device_bytes(),
-                peak_live_bytes: self.program.arena.peak_live_bytes,
-                host_time_us: start.elapsed().as_secs_f64() * 1e6,
-                ..GpuFrameStats::default()
-            };
+            self.timed_frame(
+                output,
+                |gpu, _| gpu.upload_input(input),
+                |gpu, _| gpu.run_launches_keyed(0, None),
+                |gpu, output| gpu.download_output(output),
+            )
+        })
+    }
+
+    /// Runs one frame whose input and output `io` keeps on the device: its upload, its
+    /// `before` kernels, the network and its `after` kernels (one CUDA graph per shape, apart
+    /// from [`run`](Self::run)'s), its download, one synchronisation.
+    pub fn run_device(&mut self, io: &mut dyn DeviceFrameIo) -> Result<(), CudaError> {
+        guard("running the network on a device frame", || {
+            self.timed_frame(
+                io,
+                |gpu, io| {
+                    gpu.upload_control()?;
+                    io.upload(&gpu.stream)
+                },
+                |gpu, io| gpu.run_launches_keyed(1, Some(&*io)),
+                |gpu, io| {
+                    io.download(&gpu.stream)?;
+                    gpu.synchronize()
+                },
+            )?;
+            self.stats.launches += io.launches();
             Ok(())
         })
     }
 
+    /// One frame: `up`, the launches between two events (`launches` says whether a graph
+    /// ran), `down` (which synchronises), each with `with`; the frame's figures.
+    fn timed_frame<W: ?Sized>(
+        &mut self,
+        with: &mut W,
+        up: impl FnOnce(&mut Self, &mut W) -> Result<(), CudaError>,
+        launches: impl FnOnce(&mut Self, &mut W) -> Result<bool, CudaError>,
+        down: impl FnOnce(&mut Self, &mut W) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        let start = Instant::now();
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        up(self, with)?;
+        self.events[0]
+            .record(&self.stream)
+            .map_err(driver("cuEventRecord"))?;
+        let replayed = launches(self, with)?;
+        self.events[1]
+            .record(&self.stream)
+            .map_err(driver("cuEventRecord"))?;
+        down(self, with)?;
+        self.reset_pending = false;
+        let gpu = self.events[0]
+            .elapsed_ms(&self.events[1])
+            .map(|v| v as f64 * 1e3)
+            .unwrap_or(0.0);
+        self.stats = GpuFrameStats {
+            gpu_time_us: gpu,
+            launches: self.launches_per_frame(),
+            graph_replayed: replayed,
+            arena_bytes: self.device_bytes(),
+            peak_live_bytes: self.program.arena.peak_live_bytes,
+            host_time_us: start.elapsed().as_secs_f64() * 1e6,
+            ..GpuFrameStats::default()
+        };
+        Ok(())
+    }
+
+    /// The context the network lives in (a frame path allocates there).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream the network runs on (a frame path enqueues its eager work there).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// Runs the launches of a frame without any copy (for timing): returns whether a graph ran.
     pub fn run_launches(&mut self) -> Result<bool, CudaError> {
-        let n = self.program.launches.len();
+        self.run_launches_keyed(0, None)
+    }
+
+    fn enqueue_frame(&self, io: Option<&dyn DeviceFrameIo>) -> Result<(), CudaError> {
+        if let Some(io) = io {
+            io.before(&self.stream)?;
+        }
+        self.enqueue_range(0, self.program.launches.len())?;
+        io.map_or(Ok(()), |io| io.after(&self.stream))
+    }
+
+    /// The network's launches, with `io`'s kernels around them when given (graph `key`).
+    fn run_launches_keyed(
+        &mut self,
+        key: u32,
+        io: Option<&dyn DeviceFrameIo>,
+    ) -> Result<bool, CudaError> {
         if !self.use_graph {
-            self.enqueue_range(0, n)?;
+            self.enqueue_frame(io)?;
             return Ok(false);
         }
         let mut cache = std::mem::replace(&mut self.cache, GraphCache::new(1, 0));
-        let ran = cache.run(&0u32, &self.stream, || self.enqueue_range(0, n));
+        let ran = cache.run(&key, &self.stream, || self.enqueue_frame(io));
         self.cache = cache;
+        let launches = self.launches_per_frame() + io.map_or(0, |io| io.launches());
         Ok(match ran? {
             Ran::Eager => false,
             Ran::Replayed => true,
             Ran::Captured { capture_us, .. } => {
                 self.log.push(NeuralGpuEvent::GraphCaptured {
-                    launches: n as u32,
+                    launches,
                     capture_us,
                 });
                 true

@@ -1,0 +1,259 @@
+// toonflow neural frame kernels: the conversions around the style network on the device, at
+// model-scale 1 (src/cuda/neural_frame.rs builds and launches them; the structs come from
+// kernel_abi, prepended by the build). The CPU reference is src/neural/frame.rs (NV12 <-> RGB,
+// reflect padding, value range, layout) and src/neural/temporal.rs (the output filter, the
+// scene-cut gate); the arithmetic follows it operation by operation (compiled without FMA
+// contraction), so the device and the reference differ by float rounding only.
+//
+// Kernels, in frame order (all captured in the network's CUDA graph):
+//   nf_thumb_sums      luma sums of the 64x36 thumbnail blocks (integer, exact)
+//   nf_scene           the scene-cut score against the previous thumbnail; a cut clears the
+//                      output ring for this frame and sets the network's statistics reset
+//   nf_nv12_to_tensor  NV12 -> the network's fp32 input (centred chroma with the block
+//                      correction, the caps' matrix and range, reflect padding, value range,
+//                      NHWC or NCHW)
+//   nf_tensor_to_nv12  the network's output -> the temporal output filter against the ring of
+//                      recent raw outputs (fp16) -> NV12, one thread per 2x2 block
+
+#define NF_BLOCK 256
+
+__device__ __forceinline__ float nf_h2f(unsigned short h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ unsigned short nf_f2h(float v)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
+// Sum of a block's values in thread 0 (blockDim.x == NF_BLOCK).
+__device__ __forceinline__ float nf_block_sum(float v, float* shared)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0)
+        shared[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float total = 0.0f;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < NF_BLOCK / 32; i++)
+            total += shared[i];
+    return total;
+}
+
+// First pixel of thumbnail block b of `blocks` over `size` (src/pipeline/analysis.rs).
+__device__ __forceinline__ int nf_block_start(int b, int blocks, int size)
+{
+    return (int)((long long)b * size / blocks);
+}
+
+// grid (thumb_w, thumb_h), NF_BLOCK threads.
+extern "C" __global__ void nf_thumb_sums(const NfFrame* p)
+{
+    __shared__ unsigned int partial[NF_BLOCK / 32];
+    const int bx = blockIdx.x, by = blockIdx.y;
+    const int x0 = nf_block_start(bx, p->thumb_w, p->width);
+    const int x1 = nf_block_start(bx + 1, p->thumb_w, p->width);
+    const int y0 = nf_block_start(by, p->thumb_h, p->height);
+    const int y1 = nf_block_start(by + 1, p->thumb_h, p->height);
+    const int cols = x1 - x0, n = cols * (y1 - y0);
+    const unsigned char* luma = (const unsigned char*)p->nv12_in;
+    unsigned int sum = 0;
+    for (int i = threadIdx.x; i < n; i += NF_BLOCK) {
+        const int r = i / cols, c = i - r * cols;
+        sum += luma[(long long)(y0 + r) * p->width + x0 + c];
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_down_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0)
+        partial[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int total = 0;
+        for (int i = 0; i < NF_BLOCK / 32; i++)
+            total += partial[i];
+        ((unsigned int*)p->thumb_sums)[by * NF_THUMB_STRIDE + bx] = total;
+    }
+}
+
+// One block of NF_BLOCK threads: thumbnail means in L units, the mean absolute change against
+// the previous frame's, the cut decision; the means become the next frame's reference.
+extern "C" __global__ void nf_scene(const NfFrame* p)
+{
+    __shared__ float partial[NF_BLOCK / 32];
+    const NfControl* ctl = (const NfControl*)p->control;
+    NfState* state = (NfState*)p->state;
+    const unsigned int* sums = (const unsigned int*)p->thumb_sums;
+    float* previous = (float*)p->thumb_previous;
+    const int tw = p->thumb_w, th = p->thumb_h, n = tw * th;
+    const int has_previous = state->has_previous && !ctl->reset;
+    float change = 0.0f;
+    for (int i = threadIdx.x; i < n; i += NF_BLOCK) {
+        const int by = i / tw, bx = i - by * tw;
+        const int rows = nf_block_start(by + 1, th, p->height) - nf_block_start(by, th, p->height);
+        const int cols = nf_block_start(bx + 1, tw, p->width) - nf_block_start(bx, tw, p->width);
+        const float mean =
+            100.0f * (float)sums[by * NF_THUMB_STRIDE + bx] / (255.0f * (float)(rows * cols));
+        change += fabsf(previous[i] - mean);
+        previous[i] = mean;
+    }
+    const float total = nf_block_sum(change, partial);
+    if (threadIdx.x == 0) {
+        const float score = has_previous ? total / (float)n : 0.0f;
+        const int cut = score > ctl->threshold;
+        state->cut = cut;
+        state->score = score;
+        state->has_previous = 1;
+        if (cut)
+            ((NnControl*)p->net_control)->reset = 1;
+    }
+}
+
+// Index of padded index i on an axis of n samples under ONNX reflect padding.
+__device__ __forceinline__ int nf_reflect(int i, int n)
+{
+    if (n <= 1)
+        return 0;
+    const int period = 2 * (n - 1);
+    const int j = i % period;
+    return j < n ? j : period - j;
+}
+
+// The chroma neighbour bilinear upsampling reads for luma index i (n chroma samples).
+__device__ __forceinline__ int nf_chroma_neighbour(int i, int n)
+{
+    const int c = i / 2;
+    return (i & 1) == 0 ? max(c - 1, 0) : min(c + 1, n - 1);
+}
+
+// a*wa + b*wb + c*wc in the reference's order.
+__device__ __forceinline__ float nf_taps3(float a, float b, float c, float wa, float wb, float wc)
+{
+    return a * wa + b * wb + c * wc;
+}
+
+// Chroma (channel k: 0 Cb, 1 Cr) of pixel (x, y) in codes minus 128, as nv12_to_rgb makes it:
+// centred bilinear plus the block correction of its 2x2 block.
+__device__ float nf_chroma(const NfFrame* p, const unsigned char* uv, int x, int y, int k)
+{
+    const int w = p->width, cw = w / 2, ch = p->height / 2;
+    const int cy = y / 2, c = x / 2, nb = nf_chroma_neighbour(x, cw);
+    const unsigned char* here = uv + (long long)cy * w;
+    const unsigned char* above = uv + (long long)max(cy - 1, 0) * w;
+    const unsigned char* below = uv + (long long)min(cy + 1, ch - 1) * w;
+    const unsigned char* far = uv + (long long)nf_chroma_neighbour(y, ch) * w;
+    // the vertical blur at three chroma columns, then across them
+    const int i = 2 * c + k, left = 2 * max(c - 1, 0) + k, right = 2 * min(c + 1, cw - 1) + k;
+    const float bl = nf_taps3(above[left], here[left], below[left], 0.125f, 0.75f, 0.125f);
+    const float bc = nf_taps3(above[i], here[i], below[i], 0.125f, 0.75f, 0.125f);
+    const float br = nf_taps3(above[right], here[right], below[right], 0.125f, 0.75f, 0.125f);
+    const float residual = (float)here[i] - nf_taps3(bl, bc, br, 0.125f, 0.75f, 0.125f);
+    const int j = 2 * nb + k;
+    const float near_c = 0.75f * (float)here[i] + 0.25f * (float)far[i] - 128.0f;
+    const float near_n = 0.75f * (float)here[j] + 0.25f * (float)far[j] - 128.0f;
+    return 0.75f * near_c + 0.25f * near_n + residual;
+}
+
+// grid over the padded network size, 16x16 threads: one input pixel each.
+extern "C" __global__ void nf_nv12_to_tensor(const NfFrame* p)
+{
+    const int px = blockIdx.x * blockDim.x + threadIdx.x;
+    const int py = blockIdx.y * blockDim.y + threadIdx.y;
+    if (px >= p->net_w || py >= p->net_h)
+        return;
+    const int x = nf_reflect(px, p->width), y = nf_reflect(py, p->height);
+    const unsigned char* luma = (const unsigned char*)p->nv12_in;
+    const unsigned char* uv = luma + (long long)p->width * p->height;
+    const float c_inv = 1.0f / p->c_scale;
+    const float yn = ((float)luma[(long long)y * p->width + x] - p->y_offset) * (1.0f / p->y_scale);
+    const float pb = nf_chroma(p, uv, x, y, 0) * c_inv;
+    const float pr = nf_chroma(p, uv, x, y, 1) * c_inv;
+    const float kr = p->kr, kb = p->kb, kg = 1.0f - kr - kb;
+    const float r = yn + 2.0f * (1.0f - kr) * pr;
+    const float b = yn + 2.0f * (1.0f - kb) * pb;
+    const float g = (yn - kr * r - kb * b) / kg;
+    const float rgb[3] = {r, g, b};
+    float* t = (float*)p->tensor_in;
+    const long long plane = (long long)p->net_w * p->net_h;
+    const long long at = (long long)py * p->net_w + px;
+    for (int c = 0; c < 3; c++) {
+        const float v = rgb[c] * p->v_scale + p->v_offset;
+        if (p->nchw)
+            t[c * plane + at] = v;
+        else
+            t[at * 3 + c] = v;
+    }
+}
+
+// 8-bit code: half away from zero, clamped.
+__device__ __forceinline__ unsigned char nf_code(float v)
+{
+    return (unsigned char)fminf(fmaxf(roundf(v), 0.0f), 255.0f);
+}
+
+// grid over the chroma blocks (width/2 x height/2), 16x16 threads: one 2x2 block each.
+extern "C" __global__ void nf_tensor_to_nv12(const NfFrame* p)
+{
+    const int cx = blockIdx.x * blockDim.x + threadIdx.x;
+    const int cy = blockIdx.y * blockDim.y + threadIdx.y;
+    const int w = p->width, h = p->height;
+    if (cx >= w / 2 || cy >= h / 2)
+        return;
+    const NfControl* ctl = (const NfControl*)p->control;
+    const NfState* state = (const NfState*)p->state;
+    // a scene cut empties the ring for this frame
+    const int used = state->cut ? 0 : ctl->used;
+    const float kr = p->kr, kb = p->kb, kg = 1.0f - kr - kb;
+    const float pb_div = 2.0f * (1.0f - kb), pr_div = 2.0f * (1.0f - kr);
+    const float inv = 1.0f / p->v_scale;
+    const float* t = (const float*)p->tensor_out;
+    unsigned short* ring = (unsigned short*)p->ring;
+    const long long plane = (long long)w * h, net_plane = (long long)p->net_w * p->net_h;
+    unsigned char* luma = (unsigned char*)p->nv12_out;
+    float pb_sum = 0.0f, pr_sum = 0.0f;
+    for (int q = 0; q < 4; q++) {
+        const int x = 2 * cx + (q & 1), y = 2 * cy + (q >> 1);
+        const long long at = (long long)y * p->net_w + x, pixel = (long long)y * w + x;
+        float f0[3];
+        for (int c = 0; c < 3; c++)
+            f0[c] = ((p->nchw ? t[c * net_plane + at] : t[at * 3 + c]) - p->v_offset) * inv;
+        float acc[3] = {f0[0], f0[1], f0[2]};
+        float wsum = 1.0f, sk = 1.0f;
+        for (int k = 0; k < used; k++) {
+            sk *= ctl->strength;
+            const unsigned short* slot = ring + (long long)ctl->recent[k] * 3 * plane;
+            float fk[3];
+            for (int c = 0; c < 3; c++)
+                fk[c] = nf_h2f(slot[c * plane + pixel]);
+            const float d0 = fk[0] - f0[0], d1 = fk[1] - f0[1], d2 = fk[2] - f0[2];
+            const float dy = kr * d0 + kg * d1 + kb * d2;
+            const float dl = p->luma_units * dy;
+            const float dcb = p->chroma_units * (d2 - dy) / pb_div;
+            const float dcr = p->chroma_units * (d0 - dy) / pr_div;
+            const float wk = sk * expf(ctl->motion_coeff * (dl * dl + dcb * dcb + dcr * dcr));
+            for (int c = 0; c < 3; c++)
+                acc[c] += wk * fk[c];
+            wsum += wk;
+        }
+        // the raw output joins the ring after the recent entries were read (its slot may be
+        // the oldest of them)
+        if (ctl->write_slot >= 0) {
+            unsigned short* slot = ring + (long long)ctl->write_slot * 3 * plane;
+            for (int c = 0; c < 3; c++)
+                slot[c * plane + pixel] = nf_f2h(f0[c]);
+        }
+        const float r = acc[0] / wsum, g = acc[1] / wsum, b = acc[2] / wsum;
+        const float yv = kr * r + kg * g + kb * b;
+        luma[pixel] = nf_code(p->y_offset + p->y_scale * yv);
+        pb_sum += (b - yv) / pb_div;
+        pr_sum += (r - yv) / pr_div;
+    }
+    unsigned char* uv = luma + plane + (long long)cy * w + 2 * cx;
+    uv[0] = nf_code(128.0f + p->c_scale * 0.25f * pb_sum);
+    uv[1] = nf_code(128.0f + p->c_scale * 0.25f * pr_sum);
+}

@@ -1,0 +1,797 @@
+//! The neural element's frame path on the device (kernels/neural_frame.cu): NV12 in, the
+//! scene-cut gate, NV12 → the network's input, the network's output → the temporal output
+//! filter → NV12, all on the device around [`NeuralGpu`]'s launches and captured with them in
+//! its CUDA graph. Per frame the host copies the NV12 planes (at page-locked speed when the
+//! element registered them, src/toonflow/hostmem.rs), a 56-byte control block up and an 8-byte
+//! verdict (scene cut, score) back.
+//!
+//! [`DeviceFrames`] owns the device side: the NV12 planes, the ring of recent raw outputs
+//! (fp16, the network's content size), the thumbnail reference and the parameter block. The
+//! CPU reference of every step is src/neural/frame.rs and src/neural/temporal.rs; at
+//! model-scale below 1 the element keeps the host conversions ([`DeviceFrames::supports`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg, result};
+use cudarc::nvrtc::Ptx;
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
+use super::context::{describe, guard};
+use super::copy::{Rows, copy_d2h, copy_h2d};
+use super::error::{CudaError, driver};
+use super::kernels::compile_cached;
+use super::neural::program::{NnControl, Program};
+use super::neural::{DeviceBlock, DeviceFrameIo, allocate};
+use super::pipeline::copy_nv12;
+use crate::kernel_abi::{Define, KernelStruct, c_header, kernel_struct};
+use crate::neural::frame::{ConverterConfig, TensorLayout};
+use crate::neural::temporal::{OutputFilter, SceneCut};
+use crate::pipeline::params::{THUMB_H, THUMB_W};
+use crate::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut};
+
+pub const KERNEL_SOURCE: &str = include_str!("../../kernels/neural_frame.cu");
+pub const KERNEL_FILE: &str = "neural_frame.cu";
+pub const KERNEL_NAMES: [&str; 4] = [
+    "nf_thumb_sums",
+    "nf_scene",
+    "nf_nv12_to_tensor",
+    "nf_tensor_to_nv12",
+];
+
+kernel_struct! {
+/// One stream's frame conversions (device addresses absolute; written once per shape and
+/// again when the network or the ring moves).
+pub struct NfFrame {
+    /// Packed NV12 (Y rows of `width`, then the UV rows).
+    pub nv12_in: u64,
+    pub nv12_out: u64,
+    /// The network's fp32 input and output.
+    pub tensor_in: u64,
+    pub tensor_out: u64,
+    /// fp16 raw outputs, [capacity][3][height][width], nominal RGB.
+    pub ring: u64,
+    pub control: u64,
+    pub state: u64,
+    /// The network's NnControl: a scene cut sets its statistics reset.
+    pub net_control: u64,
+    /// u32 luma sums per thumbnail block, rows NF_THUMB_STRIDE apart.
+    pub thumb_sums: u64,
+    /// The previous frame's thumbnail means (L units), thumb_w x thumb_h.
+    pub thumb_previous: u64,
+    pub width: i32,
+    pub height: i32,
+    pub net_w: i32,
+    pub net_h: i32,
+    pub nchw: i32,
+    pub thumb_w: i32,
+    pub thumb_h: i32,
+    pub y_offset: f32,
+    pub y_scale: f32,
+    pub c_scale: f32,
+    pub kr: f32,
+    pub kb: f32,
+    /// `v = x·v_scale + v_offset` for nominal RGB x.
+    pub v_scale: f32,
+    pub v_offset: f32,
+    pub luma_units: f32,
+    pub chroma_units: f32,
+}
+}
+
+kernel_struct! {
+/// Host → device before every frame: the output filter's ring and settings.
+pub struct NfControl {
+    /// Ring slots of the k-th most recent entries, k = 1..=used.
+    pub recent: [i32; 8],
+    pub used: i32,
+    /// The slot this frame's raw output goes to; −1: not recorded (temporal-history 0).
+    pub write_slot: i32,
+    /// Non-zero: no scene reference (FLUSH, DISCONT, caps, first frame).
+    pub reset: i32,
+    pub strength: f32,
+    /// −1/(2σ²).
+    pub motion_coeff: f32,
+    /// scene-cut-threshold.
+    pub threshold: f32,
+}
+}
+
+kernel_struct! {
+/// Device → host after every frame (`cut`, `score`), and the gate's own flag.
+pub struct NfState {
+    pub cut: i32,
+    pub score: f32,
+    pub has_previous: i32,
+    pub pad: i32,
+}
+}
+
+/// The translation unit NVRTC sees: the generated ABI, then neural_frame.cu.
+pub fn full_source() -> String {
+    let header = c_header(
+        "toonflow neural frame ABI",
+        &[Define::int("NF_THUMB_STRIDE", THUMB_W as i64)],
+        &[
+            NnControl::c_declaration(),
+            NfFrame::c_declaration(),
+            NfControl::c_declaration(),
+            NfState::c_declaration(),
+        ],
+    );
+    format!("{header}\n#line 1 \"{KERNEL_FILE}\"\n{KERNEL_SOURCE}")
+}
+
+static PTX_CACHE: Lazy<Mutex<HashMap<String, String>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+static MODULES: Lazy<Mutex<HashMap<usize, Arc<FrameKernels>>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// Compiles kernels/neural_frame.cu to PTX for `arch` without FMA contraction (the CPU
+/// reference's rounding); needs NVRTC, not a device. Returns the PTX and NVRTC's milliseconds.
+pub fn compile(arch: &str) -> Result<(String, f64), CudaError> {
+    compile_cached(
+        &PTX_CACHE,
+        arch.to_string(),
+        KERNEL_FILE,
+        arch,
+        full_source,
+        false,
+    )
+}
+
+struct FrameKernels {
+    functions: Vec<CudaFunction>,
+}
+
+/// The kernels loaded into `ctx`, in [`KERNEL_NAMES`] order (compiled once per process).
+fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<FrameKernels>, CudaError> {
+    let mut modules = MODULES.lock();
+    if let Some(k) = modules.get(&ctx.ordinal()) {
+        return Ok(k.clone());
+    }
+    let (_, (major, minor)) = describe(ctx)?;
+    let (ptx, _) = compile(&format!("sm_{major}{minor}"))?;
+    let k = guard("loading the neural frame kernels", || {
+        let module = ctx
+            .load_module(Ptx::from_src(ptx))
+            .map_err(driver("cuModuleLoadData (neural_frame.cu)"))?;
+        let functions = KERNEL_NAMES
+            .iter()
+            .map(|name| {
+                module
+                    .load_function(name)
+                    .map_err(driver(format!("kernel {name}")))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Arc::new(FrameKernels { functions }))
+    })?;
+    modules.insert(ctx.ordinal(), k.clone());
+    Ok(k)
+}
+
+/// The output filter and scene gate settings (the element's temporal properties).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FilterSettings {
+    pub history: usize,
+    pub strength: f32,
+    pub motion_sigma: f32,
+    pub scene_cut_threshold: f32,
+}
+
+const BLOCK_2D: u32 = 16;
+const NF_BLOCK: u32 = 256;
+
+/// Byte offsets of the fixed buffers in the one block.
+struct Layout {
+    nv12: u64,
+    frame: u64,
+    control: u64,
+    state: u64,
+    sums: u64,
+    previous: u64,
+    total: u64,
+}
+
+impl Layout {
+    fn new(nv12_bytes: u64) -> Layout {
+        let align = |b: u64| b.next_multiple_of(256);
+        let nv12 = align(nv12_bytes);
+        let frame = 2 * nv12;
+        let control = frame + align(std::mem::size_of::<NfFrame>() as u64);
+        let state = control + align(std::mem::size_of::<NfControl>() as u64);
+        let sums = state + align(std::mem::size_of::<NfState>() as u64);
+        let previous = sums + align(4 * (THUMB_W * THUMB_H) as u64);
+        let total = previous + align(4 * (THUMB_W * THUMB_H) as u64);
+        Layout {
+            nv12,
+            frame,
+            control,
+            state,
+            sums,
+            previous,
+            total,
+        }
+    }
+}
+
+/// One stream's frame path on the device (see the module documentation).
+pub struct DeviceFrames {
+    // Field order is drop order: the ring and the block outlive nothing that addresses them
+    // (the network's graphs are dropped by their owner first, and each frame synchronises).
+    ring: DeviceBlock,
+    block: DeviceBlock,
+    kernels: Arc<FrameKernels>,
+    ctx: Arc<CudaContext>,
+    params: NfFrame,
+    control: Box<NfControl>,
+    verdict: Box<NfState>,
+    layout: Layout,
+    width: usize,
+    height: usize,
+    settings: FilterSettings,
+    slots: RingSlots,
+    reset_pending: bool,
+}
+
+impl std::fmt::Debug for DeviceFrames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceFrames")
+            .field("size", &(self.width, self.height))
+            .field("ring_capacity", &self.slots.capacity())
+            .field("device_bytes", &self.device_bytes())
+            .finish()
+    }
+}
+
+impl DeviceFrames {
+    /// Whether `config` runs on the device (model-scale 1: the frame is the network's
+    /// content); else the host conversions of src/neural/frame.rs stay.
+    pub fn supports(config: &ConverterConfig) -> bool {
+        config.scale == 1.0
+    }
+
+    /// The frame path for `config` in `ctx` around `program` (its input and output must be
+    /// fp32 of the converter's shape), with a ring for `settings.history` outputs.
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        config: &ConverterConfig,
+        program: &Program,
+        net_size: (usize, usize),
+        settings: FilterSettings,
+    ) -> Result<DeviceFrames, CudaError> {
+        if !Self::supports(config) {
+            return Err(CudaError::Failed(format!(
+                "the device frame path runs at model-scale 1, not {}",
+                config.scale
+            )));
+        }
+        let (w, h) = (config.width, config.height);
+        let (net_h, net_w) = net_size;
+        let kernels = kernels(ctx)?;
+        let layout = Layout::new(
+            FrameGeometry {
+                width: w,
+                height: h,
+            }
+            .nv12_bytes() as u64,
+        );
+        let block = allocate(ctx, layout.total, "the neural frame buffers")?;
+        let capacity = settings.history.min(OutputFilter::MAX_HISTORY);
+        let ring = allocate(ctx, ring_bytes(w, h, capacity), "the neural output ring")?;
+        // the gate's state starts cleared (no previous thumbnail, no cut)
+        // SAFETY: the block holds `bytes` bytes; the context is current (allocate bound it);
+        // `attach` below synchronises the context before anything reads the block.
+        unsafe {
+            result::memset_d8_async(block.ptr, 0, block.bytes as usize, std::ptr::null_mut())
+        }
+        .map_err(driver("cuMemsetD8Async"))?;
+        let (kr, kb) = config.matrix.kr_kb();
+        let (y_offset, y_scale, c_scale) = config.range.code_scales();
+        let (v_scale, v_offset) = config.value_range.scale_offset();
+        let base = block.ptr;
+        let params = NfFrame {
+            nv12_in: base,
+            nv12_out: base + layout.nv12,
+            tensor_in: 0,
+            tensor_out: 0,
+            ring: ring.ptr,
+            control: base + layout.control,
+            state: base + layout.state,
+            net_control: 0,
+            thumb_sums: base + layout.sums,
+            thumb_previous: base + layout.previous,
+            width: w as i32,
+            height: h as i32,
+            net_w: net_w as i32,
+            net_h: net_h as i32,
+            nchw: (config.layout == TensorLayout::Nchw) as i32,
+            thumb_w: w.min(THUMB_W) as i32,
+            thumb_h: h.min(THUMB_H) as i32,
+            y_offset,
+            y_scale,
+            c_scale,
+            kr,
+            kb,
+            v_scale,
+            v_offset,
+            luma_units: 100.0 * y_scale / 255.0,
+            chroma_units: 100.0 * c_scale / 255.0,
+        };
+        let mut frames = DeviceFrames {
+            ring,
+            block,
+            kernels,
+            ctx: ctx.clone(),
+            params,
+            control: Box::new(bytemuck::Zeroable::zeroed()),
+            verdict: Box::new(bytemuck::Zeroable::zeroed()),
+            layout,
+            width: w,
+            height: h,
+            settings,
+            slots: RingSlots::new(capacity),
+            reset_pending: true,
+        };
+        frames.attach(program)?;
+        Ok(frames)
+    }
+
+    /// Points the conversions at `program`'s input, output and control block (after the
+    /// network was rebuilt) and writes the parameter block.
+    pub fn attach(&mut self, program: &Program) -> Result<(), CudaError> {
+        let (n_in, n_out) = (program.input, program.output);
+        let want = (self.params.net_w * self.params.net_h * 3) as u64;
+        if n_in.half || n_out.half || n_in.elements != want || n_out.elements != want {
+            return Err(CudaError::Failed(format!(
+                "the network's input/output ({} / {} values, fp16 {} / {}) are not the fp32 \
+                 {}x{}x3 the frame path writes and reads",
+                n_in.elements,
+                n_out.elements,
+                n_in.half,
+                n_out.half,
+                self.params.net_w,
+                self.params.net_h
+            )));
+        }
+        self.params.tensor_in = n_in.addr;
+        self.params.tensor_out = n_out.addr;
+        self.params.net_control = program.control;
+        self.write_params()
+    }
+
+    fn write_params(&self) -> Result<(), CudaError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        // SAFETY: the block holds an NfFrame at `layout.frame`; a null stream copy from
+        // pageable memory returns when the bytes are on their way, the synchronisation below
+        // ends it before any kernel reads them.
+        unsafe {
+            copy_h2d(
+                std::ptr::null_mut(),
+                bytemuck::bytes_of(&self.params).as_ptr(),
+                self.block.ptr + self.layout.frame,
+                std::mem::size_of::<NfFrame>(),
+            )
+            .map_err(driver("neural frame parameters upload"))?;
+        }
+        self.ctx.synchronize().map_err(driver("cuCtxSynchronize"))
+    }
+
+    /// The network's input as the conversion wrote it, into `out` (f32, the network's input
+    /// size), on `stream`, synchronised (the calibration frame's host copy).
+    pub fn read_input(&self, stream: &CudaStream, out: &mut [f32]) -> Result<(), CudaError> {
+        self.read_tensor(stream, self.params.tensor_in, out)
+    }
+
+    fn read_tensor(
+        &self,
+        stream: &CudaStream,
+        tensor: u64,
+        out: &mut [f32],
+    ) -> Result<(), CudaError> {
+        self.check_tensor(out.len())?;
+        // SAFETY: the network's input and output hold `out.len()` f32 (checked against their
+        // shape); `out` is not read before the synchronisation below.
+        unsafe {
+            copy_d2h(
+                stream.cu_stream(),
+                tensor,
+                out.as_mut_ptr() as *mut u8,
+                4 * out.len(),
+            )
+            .map_err(driver("network tensor download"))?;
+        }
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// The network's output of the last frame into `out` (f32), on `stream`, synchronised.
+    pub fn read_output(&self, stream: &CudaStream, out: &mut [f32]) -> Result<(), CudaError> {
+        self.read_tensor(stream, self.params.tensor_out, out)
+    }
+
+    /// `values` into the network's output (the calibration frame's result, computed eagerly
+    /// by the network before it was rebuilt), on `stream`, synchronised.
+    pub fn write_output(&self, stream: &CudaStream, values: &[f32]) -> Result<(), CudaError> {
+        self.check_tensor(values.len())?;
+        // SAFETY: the network's output holds `values.len()` f32 (checked); `values` outlives
+        // the synchronisation below.
+        unsafe {
+            copy_h2d(
+                stream.cu_stream(),
+                values.as_ptr() as *const u8,
+                self.params.tensor_out,
+                4 * values.len(),
+            )
+            .map_err(driver("network output upload"))?;
+        }
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    fn check_tensor(&self, len: usize) -> Result<(), CudaError> {
+        let want = (self.params.net_w * self.params.net_h * 3) as usize;
+        if len != want {
+            return Err(CudaError::Failed(format!(
+                "a tensor of {len} values, the network's input and output hold {want}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bytes of one NV12 frame (what a frame copies each way).
+    pub fn frame_bytes(&self) -> u64 {
+        let (width, height) = (self.width, self.height);
+        FrameGeometry { width, height }.nv12_bytes() as u64
+    }
+
+    /// Device bytes held (NV12 planes, ring, thumbnails, blocks).
+    pub fn device_bytes(&self) -> u64 {
+        self.block.bytes + self.ring.bytes
+    }
+
+    /// Follows the temporal properties; a history beyond the ring's capacity reallocates the
+    /// ring (empty), as the CPU filter does. When that fails the settings still apply, with
+    /// the history clamped to the ring's capacity.
+    pub fn set_settings(&mut self, settings: FilterSettings) -> Result<(), CudaError> {
+        self.settings = settings;
+        let history = settings.history.min(OutputFilter::MAX_HISTORY);
+        if history > self.slots.capacity() {
+            // the old ring goes before the larger one is allocated; until that succeeds
+            // the ring holds nothing
+            let (w, h) = (self.width, self.height);
+            self.ring = allocate(&self.ctx, 1, "the neural output ring")?;
+            self.slots = RingSlots::new(0);
+            let grown = allocate(
+                &self.ctx,
+                ring_bytes(w, h, history),
+                "the neural output ring",
+            )
+            .map(|ring| {
+                self.ring = ring;
+                self.slots = RingSlots::new(history);
+            });
+            self.params.ring = self.ring.ptr;
+            self.write_params()?;
+            grown?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the ring and the scene reference (FLUSH, DISCONT, caps).
+    pub fn reset(&mut self) {
+        self.slots.clear();
+        self.reset_pending = true;
+    }
+
+    fn launch(
+        &self,
+        stream: &CudaStream,
+        kernel: usize,
+        grid: (u32, u32),
+        block: (u32, u32),
+    ) -> Result<(), CudaError> {
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (block.0, block.1, 1),
+            shared_mem_bytes: 0,
+        };
+        let params = self.block.ptr + self.layout.frame;
+        // SAFETY: every kernel of neural_frame.cu takes one pointer to the NfFrame written by
+        // `write_params`, whose addresses (this block, the ring, the network's input, output
+        // and control) outlive the launches and the graph captured from them; the kernels
+        // bound-check their index spaces against it.
+        unsafe {
+            stream
+                .launch_builder(&self.kernels.functions[kernel])
+                .arg(&params)
+                .launch(cfg)
+                .map_err(driver(KERNEL_NAMES[kernel]))?;
+        }
+        Ok(())
+    }
+
+    /// The control block of the coming frame (ring slots, settings, reset).
+    fn prepare_control(&mut self) {
+        let (recent, used, write_slot) = self.slots.plan(self.settings.history);
+        let sigma = self.settings.motion_sigma.max(0.01);
+        *self.control = NfControl {
+            recent,
+            used: used as i32,
+            write_slot: write_slot.map_or(-1, |s| s as i32),
+            reset: self.reset_pending as i32,
+            strength: self.settings.strength.clamp(0.0, 1.0),
+            motion_coeff: -1.0 / (2.0 * sigma * sigma),
+            threshold: self.settings.scene_cut_threshold,
+        };
+    }
+
+    /// After the frame's synchronisation: the ring's bookkeeping follows the device's scene
+    /// verdict. Returns the verdict and the ring entries the filter used.
+    fn conclude(&mut self) -> (SceneCut, usize) {
+        let cut = self.verdict.cut != 0;
+        let used = if cut { 0 } else { self.control.used as usize };
+        self.slots.commit(self.control.write_slot >= 0, cut);
+        self.reset_pending = false;
+        (
+            SceneCut {
+                cut,
+                score: self.verdict.score,
+            },
+            used,
+        )
+    }
+
+    /// A frame's work in host memory: `input` up, the conversions around the network, the
+    /// result down into `output`.
+    pub fn job<'j, 'a, 'b>(
+        &'j mut self,
+        input: &'j Nv12Frame<'a>,
+        output: &'j mut Nv12FrameMut<'b>,
+    ) -> FrameJob<'j, 'a, 'b> {
+        self.prepare_control();
+        FrameJob {
+            frames: self,
+            input,
+            output,
+        }
+    }
+}
+
+/// One frame through [`DeviceFrames`] (a [`DeviceFrameIo`] for [`NeuralGpu::run_device`]).
+///
+/// [`NeuralGpu::run_device`]: super::neural::NeuralGpu::run_device
+pub struct FrameJob<'j, 'a, 'b> {
+    frames: &'j mut DeviceFrames,
+    input: &'j Nv12Frame<'a>,
+    output: &'j mut Nv12FrameMut<'b>,
+}
+
+impl FrameJob<'_, '_, '_> {
+    /// The verdict after the frame ran (see [`DeviceFrames::conclude`]).
+    pub fn conclude(self) -> (SceneCut, usize) {
+        self.frames.conclude()
+    }
+
+    fn nv12_rows(&self, at: u64) -> [Rows; 2] {
+        let f = &self.frames;
+        let rows = Rows::device(at, f.width);
+        [rows, rows.offset(f.width * f.height)]
+    }
+}
+
+impl DeviceFrameIo for FrameJob<'_, '_, '_> {
+    fn upload(&mut self, stream: &CudaStream) -> Result<(), CudaError> {
+        let f = &self.frames;
+        let (w, h) = (f.width, f.height);
+        if self.input.geometry.width != w || self.input.geometry.height != h {
+            return Err(CudaError::Failed(format!(
+                "input frame of {}x{}, the neural frame path holds {w}x{h}",
+                self.input.geometry.width, self.input.geometry.height
+            )));
+        }
+        let s = stream.cu_stream();
+        let (i, source_y, source_uv) = (self.input, self.input.y, self.input.uv);
+        let source = host_planes(
+            source_y.as_ptr() as *mut u8,
+            i.y_stride,
+            source_uv.as_ptr() as *mut u8,
+            i.uv_stride,
+        );
+        // SAFETY: an `Nv12Frame` holds `h` (`h/2`) rows of `w` bytes `y_stride` (`uv_stride`)
+        // apart; the block holds packed NV12 of w×h at `nv12_in`; the input outlives the
+        // frame's synchronisation. The control block is in the block at `control` and the
+        // boxed host copy lives in `self.frames` past that synchronisation.
+        unsafe {
+            copy_nv12(s, source, self.nv12_rows(f.params.nv12_in), w, h, "upload")?;
+            copy_h2d(
+                s,
+                bytemuck::bytes_of(&*f.control).as_ptr(),
+                f.params.control,
+                std::mem::size_of::<NfControl>(),
+            )
+            .map_err(driver("neural frame control upload"))?;
+        }
+        Ok(())
+    }
+
+    fn before(&self, stream: &CudaStream) -> Result<(), CudaError> {
+        let f = &self.frames;
+        let p = &f.params;
+        f.launch(
+            stream,
+            0,
+            (p.thumb_w as u32, p.thumb_h as u32),
+            (NF_BLOCK, 1),
+        )?;
+        f.launch(stream, 1, (1, 1), (NF_BLOCK, 1))?;
+        let grid = (
+            (p.net_w as u32).div_ceil(BLOCK_2D),
+            (p.net_h as u32).div_ceil(BLOCK_2D),
+        );
+        f.launch(stream, 2, grid, (BLOCK_2D, BLOCK_2D))
+    }
+
+    fn after(&self, stream: &CudaStream) -> Result<(), CudaError> {
+        let f = &self.frames;
+        let grid = (
+            (f.width as u32 / 2).div_ceil(BLOCK_2D),
+            (f.height as u32 / 2).div_ceil(BLOCK_2D),
+        );
+        f.launch(stream, 3, grid, (BLOCK_2D, BLOCK_2D))
+    }
+
+    fn launches(&self) -> u32 {
+        KERNEL_NAMES.len() as u32
+    }
+
+    fn download(&mut self, stream: &CudaStream) -> Result<(), CudaError> {
+        let (w, h) = (self.frames.width, self.frames.height);
+        if self.output.geometry.width != w || self.output.geometry.height != h {
+            return Err(CudaError::Failed(format!(
+                "output frame of {}x{}, the neural frame path holds {w}x{h}",
+                self.output.geometry.width, self.output.geometry.height
+            )));
+        }
+        let s = stream.cu_stream();
+        let o = &mut *self.output;
+        let target = host_planes(o.y.as_mut_ptr(), o.y_stride, o.uv.as_mut_ptr(), o.uv_stride);
+        let source = self.nv12_rows(self.frames.params.nv12_out);
+        let state = self.frames.params.state;
+        // SAFETY: as for the upload, the other way: the output planes are writable and not
+        // read before the frame's synchronisation; the verdict box holds an NfState and lives
+        // in `self.frames`.
+        unsafe {
+            copy_nv12(s, source, target, w, h, "download")?;
+            copy_d2h(
+                s,
+                state,
+                bytemuck::bytes_of_mut(&mut *self.frames.verdict).as_mut_ptr(),
+                std::mem::size_of::<NfState>(),
+            )
+            .map_err(driver("scene verdict download"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Which ring slots a frame's output filter reads and which it writes, when the scene verdict
+/// that may empty the ring arrives only after the frame: the device reads the `used` most
+/// recent slots unless it finds a cut, writes the next slot, and [`commit`](Self::commit)
+/// learns the verdict. Plain bookkeeping, the same entries as the CPU filter's ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingSlots {
+    capacity: usize,
+    /// The slot the next raw output goes to.
+    next: usize,
+    len: usize,
+}
+
+impl RingSlots {
+    pub fn new(capacity: usize) -> RingSlots {
+        RingSlots {
+            capacity: capacity.min(OutputFilter::MAX_HISTORY),
+            next: 0,
+            len: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// For `history` (clamped to the capacity): the slots of the k-th most recent entries
+    /// (k = 1..=used, in the first `used` places), `used`, and the slot this frame's output
+    /// goes to (`None` with history 0: not recorded).
+    pub fn plan(&self, history: usize) -> ([i32; 8], usize, Option<usize>) {
+        let history = history.min(self.capacity);
+        let used = self.len.min(history);
+        let mut recent = [0i32; 8];
+        for (k, slot) in recent.iter_mut().enumerate().take(used) {
+            *slot = ((self.next + self.capacity - 1 - k) % self.capacity) as i32;
+        }
+        (recent, used, (history > 0).then_some(self.next))
+    }
+
+    /// After the frame: whether it `wrote` its planned slot and whether it was a scene cut
+    /// (which emptied the ring before the frame's own output joined it).
+    pub fn commit(&mut self, wrote: bool, cut: bool) {
+        if cut {
+            self.len = 0;
+        }
+        if wrote && self.capacity > 0 {
+            self.next = (self.next + 1) % self.capacity;
+            self.len = (self.len + 1).min(self.capacity);
+        }
+    }
+}
+
+/// The two planes of an NV12 frame in host memory (a copy's source or target).
+fn host_planes(y: *mut u8, y_pitch: usize, uv: *mut u8, uv_pitch: usize) -> [Rows; 2] {
+    [
+        Rows::Host {
+            ptr: y,
+            pitch: y_pitch,
+        },
+        Rows::Host {
+            ptr: uv,
+            pitch: uv_pitch,
+        },
+    ]
+}
+
+/// Bytes of a ring of `capacity` fp16 RGB frames of `w`×`h`.
+fn ring_bytes(w: usize, h: usize, capacity: usize) -> u64 {
+    (2 * 3 * w * h * capacity).max(1) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::ring::TemporalRing;
+
+    /// Frame after frame with changing history and scene cuts, the slots the device reads
+    /// hold the frames the CPU filter's ring holds, most recent first.
+    #[test]
+    fn ring_slots_follow_the_cpu_filters_ring_through_cuts_and_history_changes() {
+        let capacity = 4;
+        let mut slots = RingSlots::new(capacity);
+        let mut device: Vec<Option<u32>> = vec![None; capacity];
+        let mut cpu = TemporalRing::new(capacity, || 0u32);
+        let mut seed = 0x1234_5678u32;
+        for frame in 0..400u32 {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let history = (seed >> 8) as usize % (capacity + 1);
+            let cut = (seed >> 16).is_multiple_of(7);
+            // the CPU: a cut empties the ring before the frame is filtered
+            if cut {
+                cpu.clear();
+            }
+            let cpu_used = cpu.len().min(history);
+            let cpu_frames: Vec<u32> = (1..=cpu_used).map(|k| *cpu.recent(k).unwrap()).collect();
+            // the device: planned before the verdict, which it applies itself
+            let (recent, planned, write) = slots.plan(history);
+            let used = if cut { 0 } else { planned };
+            let device_frames: Vec<u32> = recent[..used]
+                .iter()
+                .map(|&s| device[s as usize].expect("a written slot"))
+                .collect();
+            assert_eq!(device_frames, cpu_frames, "frame {frame} history {history}");
+            if let Some(w) = write {
+                device[w] = Some(frame);
+            }
+            if history > 0 {
+                cpu.push_with(|slot| *slot = frame);
+            }
+            slots.commit(write.is_some(), cut);
+        }
+        let mut off = RingSlots::new(0);
+        assert_eq!(off.plan(3), ([0; 8], 0, None));
+        off.commit(false, true);
+        assert_eq!(off, RingSlots::new(0));
+    }
+}

@@ -1,0 +1,300 @@
+//! The neural element's frame path on the device (kernels/neural_frame.cu through
+//! `cuda::neural_frame::DeviceFrames` around a `NeuralGpu`) against its CPU reference
+//! (src/neural/frame.rs, src/neural/temporal.rs), on the photos of tests/data:
+//!
+//! - NV12 → the network's input: the device tensor against `FrameConverter::to_tensor`;
+//! - the network's output → the temporal output filter → NV12: the device frame against
+//!   `read_output` + `OutputFilter::apply` + `write_nv12` on the same network output, within
+//!   1 code value; the scene gate's verdict and score against `SceneCutGate`;
+//! - temporal behaviour on the GPU: on a static noisy clip the frame-to-frame change of the
+//!   output with the smoothing on (output filter and statistics smoothing) is at most half of
+//!   the bare network's; a scene cut resets both (the cut frame equals the bare network's).
+//!
+//! Eager frames and graph replays are both covered (graphs are captured after the warm-up).
+//! Without a GPU every test prints that it skipped, and why. Figures are printed
+//! (`--nocapture`).
+
+mod common;
+mod cuda_common;
+#[path = "common/onnx_models.rs"]
+mod onnx_models;
+
+use cuda_common::{Frame, PHOTOS, Rng, cuda_or_skip, load_photo};
+use gsttoonflow::cuda::neural::program::Storage;
+use gsttoonflow::cuda::neural::{DeviceFrameIo, NeuralGpu};
+use gsttoonflow::cuda::neural_frame::{DeviceFrames, FilterSettings};
+use gsttoonflow::neural::Tensor;
+use gsttoonflow::neural::engine::NeuralModel;
+use gsttoonflow::neural::frame::{
+    ColorMatrix, ColorRange, ConverterConfig, FrameConverter, ValueRange,
+};
+use gsttoonflow::neural::onnx::encode_model;
+use gsttoonflow::neural::temporal::{OutputFilter, SceneCut, SceneCutGate};
+
+/// Not a multiple of 16 in height: the bottom rows are reflect padding.
+const W: usize = 320;
+const H: usize = 232;
+const THRESHOLD: f32 = 12.0;
+
+fn settings(history: usize) -> FilterSettings {
+    FilterSettings {
+        history,
+        strength: 0.6,
+        motion_sigma: 3.0,
+        scene_cut_threshold: THRESHOLD,
+    }
+}
+
+fn model() -> NeuralModel {
+    NeuralModel::from_bytes(&encode_model(&onnx_models::tiny_like()), "tiny_like.onnx").unwrap()
+}
+
+fn config(model: &NeuralModel, matrix: ColorMatrix, range: ColorRange) -> ConverterConfig {
+    ConverterConfig {
+        width: W,
+        height: H,
+        matrix,
+        range,
+        layout: model.input_layout(),
+        value_range: ValueRange::MinusOneToOne,
+        multiple: model.size_multiple(),
+        scale: 1.0,
+    }
+}
+
+/// A network (fp32 storage) and the frame path around it on device 0; `probe` is a second
+/// frame path on the same network for reading the input conversion before the network runs
+/// (the network's layers reuse the input's memory).
+struct Rig {
+    gpu: NeuralGpu,
+    frames: DeviceFrames,
+    probe: DeviceFrames,
+    converter: FrameConverter,
+}
+
+impl Rig {
+    fn new(model: &NeuralModel, config: ConverterConfig, history: usize, graph: bool) -> Rig {
+        let converter = FrameConverter::new(config).unwrap();
+        let (h, w) = converter.network_size();
+        let spec = model.specialise(h, w).unwrap();
+        let storage = Storage::uniform(spec.stage_count(), false);
+        let gpu = NeuralGpu::new(0, &spec, &storage, 0, graph).unwrap();
+        let frames = || {
+            DeviceFrames::new(
+                gpu.context(),
+                &config,
+                gpu.program(),
+                (h, w),
+                settings(history),
+            )
+            .unwrap()
+        };
+        Rig {
+            frames: frames(),
+            probe: frames(),
+            gpu,
+            converter,
+        }
+    }
+
+    /// One frame through the device path: the output, the gate's verdict, the ring entries
+    /// the filter used.
+    fn run(&mut self, input: &Frame) -> (Frame, SceneCut, usize) {
+        let mut out = Frame::new(W, H);
+        let (view, mut target) = (input.view(), out.view_mut());
+        let mut job = self.frames.job(&view, &mut target);
+        self.gpu.run_device(&mut job).unwrap();
+        let (cut, used) = job.conclude();
+        (out, cut, used)
+    }
+
+    /// The network's input as the device converts `input` (through `probe`, eagerly).
+    fn converted(&mut self, input: &Frame) -> Tensor<f32> {
+        let mut out = Frame::new(W, H);
+        let (view, mut target) = (input.view(), out.view_mut());
+        let stream = self.gpu.stream().clone();
+        let mut job = self.probe.job(&view, &mut target);
+        job.upload(&stream).unwrap();
+        job.before(&stream).unwrap();
+        let mut t = self.converter.new_tensor();
+        self.probe.read_input(&stream, &mut t.data).unwrap();
+        t
+    }
+
+    /// The network's output of the last frame.
+    fn network_output(&self) -> Tensor<f32> {
+        let mut t = self.converter.new_tensor();
+        self.frames
+            .read_output(self.gpu.stream(), &mut t.data)
+            .unwrap();
+        t
+    }
+}
+
+/// `photo` with noise of ±`noise` codes on every byte (luma and chroma; a new draw per seed).
+fn noisy(photo: &Frame, noise: u64, seed: u64) -> Frame {
+    let mut f = photo.clone();
+    let mut rng = Rng((seed + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    for _ in 0..8 {
+        rng.next();
+    }
+    for v in &mut f.data {
+        let n = (rng.next() % (2 * noise + 1)) as i32 - noise as i32;
+        *v = (*v as i32 + n).clamp(0, 255) as u8;
+    }
+    f
+}
+
+fn max_abs_diff(a: &[u8], b: &[u8]) -> (u8, usize) {
+    let mut worst = 0;
+    let mut differing = 0;
+    for (x, y) in a.iter().zip(b) {
+        let d = x.abs_diff(*y);
+        worst = worst.max(d);
+        differing += (d > 0) as usize;
+    }
+    (worst, differing)
+}
+
+/// Mean absolute change of the NV12 codes between consecutive frames.
+fn flicker(frames: &[Frame]) -> f64 {
+    let pairs = frames.windows(2);
+    let n = pairs.len() as f64;
+    pairs
+        .map(|p| common::mean_abs_diff(&p[0].data, &p[1].data))
+        .sum::<f64>()
+        / n
+}
+
+#[test]
+fn device_conversions_and_filter_match_the_cpu_reference_on_photos() {
+    let Some(device) = cuda_or_skip() else {
+        return;
+    };
+    println!("device: {device}");
+    let model = model();
+    let photos: Vec<Frame> = PHOTOS.iter().map(|p| load_photo(p, W, H)).collect();
+    for (matrix, range) in [
+        (ColorMatrix::Bt709, ColorRange::Limited),
+        (ColorMatrix::Bt601, ColorRange::Full),
+    ] {
+        let config = config(&model, matrix, range);
+        let mut rig = Rig::new(&model, config, 4, true);
+        let mut converter = FrameConverter::new(config).unwrap();
+        let mut filter = OutputFilter::new(W, H, 4, matrix, range);
+        filter.set_params(4, 0.6, 3.0);
+        let mut gate = SceneCutGate::new(W, H);
+        // four noisy frames of each photo: the ring fills, graphs are captured and replayed,
+        // each new photo is a scene cut
+        let mut worst_input = 0.0f32;
+        let mut cuts = 0;
+        for (i, photo) in photos.iter().enumerate() {
+            for k in 0..4 {
+                let input = noisy(photo, 3, (i * 10 + k) as u64);
+                let (device_out, cut, used) = rig.run(&input);
+                // before the probe converts again (its input may share the output's memory)
+                let network_output = rig.network_output();
+                let label = format!("{matrix:?}/{range:?} {} frame {k}", PHOTOS[i]);
+
+                let view = input.view();
+                let mut want_in = converter.new_tensor();
+                converter
+                    .to_tensor(view.y, view.y_stride, view.uv, view.uv_stride, &mut want_in)
+                    .unwrap();
+                let got_in = rig.converted(&input);
+                let input_diff = got_in
+                    .data
+                    .iter()
+                    .zip(&want_in.data)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(
+                    input_diff <= 1e-4,
+                    "{label}: network input differs by {input_diff}"
+                );
+                worst_input = worst_input.max(input_diff);
+
+                let want_cut = gate.observe(view.y, view.y_stride, THRESHOLD);
+                assert_eq!(cut.cut, want_cut.cut, "{label}: scene verdict");
+                assert!(
+                    (cut.score - want_cut.score).abs() <= 1e-3,
+                    "{label}: score {} vs {}",
+                    cut.score,
+                    want_cut.score
+                );
+                if want_cut.cut {
+                    filter.reset();
+                    cuts += 1;
+                }
+                converter.read_output(&network_output).unwrap();
+                let want_used = filter.apply(converter.network_rgb_mut()).unwrap();
+                assert_eq!(used, want_used, "{label}: ring entries used");
+                let mut want = Frame::new(W, H);
+                let target = want.view_mut();
+                converter
+                    .write_nv12(target.y, target.y_stride, target.uv, target.uv_stride)
+                    .unwrap();
+                let (worst, differing) = max_abs_diff(&device_out.data, &want.data);
+                assert!(
+                    worst <= 1,
+                    "{label}: NV12 differs by up to {worst} codes ({differing} bytes)"
+                );
+                println!(
+                    "{label}: input max diff {input_diff:.2e}, cut {} (score {:.3}), {used} \
+                     ring entries, NV12 max diff {worst} ({differing} of {} bytes)",
+                    cut.cut,
+                    cut.score,
+                    want.data.len()
+                );
+            }
+        }
+        assert_eq!(cuts, photos.len() - 1, "every new photo is a cut");
+        println!("{matrix:?}/{range:?}: worst input diff {worst_input:.2e}");
+    }
+}
+
+#[test]
+fn smoothing_halves_the_flicker_of_a_static_noisy_clip_and_a_cut_resets_on_the_gpu() {
+    let Some(device) = cuda_or_skip() else {
+        return;
+    };
+    println!("device: {device}");
+    let model = model();
+    let config = config(&model, ColorMatrix::Bt709, ColorRange::Limited);
+    let mut bare = Rig::new(&model, config, 0, true);
+    let mut smooth = Rig::new(&model, config, 4, true);
+    smooth.gpu.set_smoothing(0.8);
+    let still = load_photo("chelsea.png", W, H);
+    let (mut bare_out, mut smooth_out) = (Vec::new(), Vec::new());
+    for k in 0..12 {
+        let input = noisy(&still, 3, 100 + k);
+        let (b, b_cut, b_used) = bare.run(&input);
+        let (s, s_cut, _) = smooth.run(&input);
+        assert!(!b_cut.cut && !s_cut.cut, "noise is no scene cut");
+        assert_eq!(b_used, 0, "history 0 filters nothing");
+        bare_out.push(b);
+        smooth_out.push(s);
+    }
+    // from the fourth frame on, the ring is full
+    let (fb, fs) = (flicker(&bare_out[4..]), flicker(&smooth_out[4..]));
+    println!("static noisy clip: frame-to-frame change bare {fb:.3}, smoothed {fs:.3} codes");
+    assert!(fb > 0.0, "the bare network follows the noise");
+    assert!(fs <= 0.5 * fb, "smoothed {fs:.3} vs bare {fb:.3}");
+
+    // a cut: the first frame of the new scene is the bare network's, bit for bit
+    let other = noisy(&load_photo("rocket.jpg", W, H), 3, 7);
+    let (b, _, _) = bare.run(&other);
+    let (s, cut, used) = smooth.run(&other);
+    assert!(cut.cut, "a new photo is a scene cut (score {})", cut.score);
+    assert_eq!(used, 0, "the cut empties the ring");
+    let (worst, differing) = max_abs_diff(&s.data, &b.data);
+    assert_eq!(
+        (worst, differing),
+        (0, 0),
+        "the cut frame equals the bare network's"
+    );
+    // and the next frame filters against the cut frame alone
+    let (_, cut, used) = smooth.run(&noisy(&load_photo("rocket.jpg", W, H), 3, 8));
+    assert!(!cut.cut);
+    assert_eq!(used, 1, "the ring restarted at the cut");
+}
