@@ -405,6 +405,46 @@ fn programs_cover_every_stage() {
     }
 }
 
+/// Elementwise stages write over an input that dies with them (no GPU needed to plan): some
+/// stage output shares its input's address, the plan still validates, and the real tiny at
+/// 1080p in fp16 (when the fixture is here) peaks at two full-resolution 16-channel buffers,
+/// not three.
+#[test]
+fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
+    let spec = NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like")
+        .unwrap()
+        .specialise(96, 160)
+        .unwrap();
+    let p = gsttoonflow::cuda::neural::program::build(
+        &spec,
+        &Storage::uniform(spec.stage_count(), true),
+        0,
+        0,
+    )
+    .unwrap();
+    p.arena.validate().unwrap();
+    let addrs: Vec<u64> = p.stage_outputs.iter().flatten().map(|o| o.addr).collect();
+    let shared = (1..addrs.len()).any(|i| addrs[..i].contains(&addrs[i]));
+    assert!(shared, "no stage output was written in place");
+    let Some(tiny) = real_tiny() else {
+        println!("the real AnimeGANv3 tiny fixture is not here: its 1080p plan not checked");
+        return;
+    };
+    let spec = tiny.specialise(1088, 1920).unwrap();
+    let p = gsttoonflow::cuda::neural::program::build(
+        &spec,
+        &Storage::uniform(spec.stage_count(), true),
+        0,
+        0,
+    )
+    .unwrap();
+    p.arena.validate().unwrap();
+    let full = 1088 * 1920 * 16 * 2;
+    let mib = p.arena.arena_bytes as f64 / 1048576.0;
+    println!("AnimeGANv3_tiny_Cute 1920x1088 fp16: arena {mib:.1} MiB");
+    assert!(p.arena.arena_bytes < 5 * full / 2, "arena {mib:.1} MiB");
+}
+
 /// f32 → f16 bits against nprec's emulation (round to nearest even) over many magnitudes.
 #[test]
 fn half_conversion_rounds_to_nearest_even() {

@@ -31,6 +31,9 @@ pub const CONV_BLOCK: (u32, u32) = (32, 4);
 pub const TC_ROWS: u32 = 4;
 pub const TC_COLS: u32 = 32;
 pub const MMA_NT: u32 = 8;
+/// Blocks below which a tensor-core launch splits its output channels over more blocks (about
+/// four per SM of a large GPU).
+pub const TC_MIN_BLOCKS: u32 = 512;
 const TC_PIX: usize = 24;
 pub const TC_TILE_HALVES: usize = 14336;
 pub const MOMENTS_THREADS: u32 = 256;
@@ -39,7 +42,7 @@ pub const ELEMENTWISE_THREADS: u32 = 256;
 pub const EW_MAX_OPS: usize = 16;
 pub const EW_MAX_OPERANDS: usize = 8;
 /// Elements one elementwise thread computes along the last axis (when it divides that axis).
-pub const EW_VEC: usize = 4;
+pub const EW_VEC: usize = 8;
 
 // Elementwise opcodes (binary first, then unary from NN_EW_FIRST_UNARY).
 const EW_ADD: i32 = 1;
@@ -543,12 +546,35 @@ fn tc_tile_fits(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> bool 
     tc_tile_halves(k, stride, dil) <= TC_TILE_HALVES
 }
 
-/// Halves of shared memory a tensor-core convolution block stages (its launch's dynamic
-/// shared memory: small tiles let more blocks share an SM).
-fn tc_tile_halves(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usize {
+/// Pixels of a tensor-core convolution block's input tile (its outputs and the halo its taps
+/// read).
+fn tc_tile_pixels(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usize {
     let rows = (TC_ROWS as usize - 1) * stride.0 as usize + (k.0 - 1) * dil.0 as usize + 1;
     let cols = (TC_COLS as usize - 1) * stride.1 as usize + (k.1 - 1) * dil.1 as usize + 1;
-    rows * cols * TC_PIX
+    rows * cols
+}
+
+/// Halves of shared memory a tensor-core convolution block stages.
+fn tc_tile_halves(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usize {
+    tc_tile_pixels(k, stride, dil) * TC_PIX
+}
+
+/// A tensor-core convolution launch's dynamic shared memory: the tile, then the table of where
+/// each tile pixel comes from (two i32 each). Small tiles let more blocks share an SM.
+fn tc_shared_bytes(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> u32 {
+    (tc_tile_halves(k, stride, dil) * 2 + tc_tile_pixels(k, stride, dil) * 8) as u32
+}
+
+/// 8-channel tiles per tensor-core block: the fewest power of two that covers `n_tiles` (at most
+/// MMA_NT), halved while the launch would have fewer than TC_MIN_BLOCKS blocks (small, deep
+/// layers: more blocks, each gathering the same input tile for fewer output channels, beat a
+/// few blocks that leave most SMs idle).
+pub fn tc_channel_tiles(n_tiles: u32, pixel_blocks: u32) -> u32 {
+    let mut nt = n_tiles.next_power_of_two().min(MMA_NT);
+    while nt > 1 && pixel_blocks * n_tiles.div_ceil(nt) < TC_MIN_BLOCKS {
+        nt /= 2;
+    }
+    nt
 }
 
 /// The Conv node of a conv stage and its (kernel, strides, dilations, groups), when its weights
@@ -676,6 +702,41 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
     f
 }
 
+/// Elementwise stages that write their output over an input of theirs (output → that input):
+/// an input of the same shape and storage whose last reader is this stage. Each thread of
+/// `nn_eltwise` reads all its operands' elements before it writes the same elements of the
+/// output, so the input's buffer can take the output (a full-resolution residual add or
+/// normalization then needs two buffers live instead of three).
+fn in_place_outputs(
+    l: &Lowered,
+    half_of: &HashMap<String, bool>,
+    stored: &dyn Fn(&str) -> bool,
+    last: &dyn Fn(&str, u32) -> u32,
+) -> HashMap<String, String> {
+    let mut hosts = HashMap::new();
+    for (i, s) in l.stages.iter().enumerate() {
+        let [o] = s.outputs.as_slice() else {
+            continue;
+        };
+        if s.kind != StageKind::Elementwise || *o == l.output || !stored(o) {
+            continue;
+        }
+        let host = s.inputs.iter().find(|v| {
+            **v != l.input
+                && **v != l.output
+                && stored(v)
+                && l.shapes.contains_key(*v)
+                && l.shapes.get(*v) == l.shapes.get(o)
+                && half_of.get(*v) == half_of.get(o)
+                && last(v, 0) == i as u32
+        });
+        if let Some(v) = host {
+            hosts.insert(o.clone(), v.clone());
+        }
+    }
+    hosts
+}
+
 /// Builds the program of `spec` with `storage`, at the given bases (0, 0 to size it).
 pub fn build(
     spec: &Specialised,
@@ -746,18 +807,29 @@ pub fn build(
             .map_or(first, |&x| x.max(first))
             .min(last_stage)
     };
+    let stored = |v: &str| !stat_values.contains_key(v) && !not_stored.contains_key(v);
+    let in_place = in_place_outputs(l, &half_of, &stored, &last);
     let mut requests = vec![BufferRequest {
         name: l.input.clone(),
         bytes: bytes_of(&l.input),
         first: 0,
         last: last(&l.input, 0),
     }];
+    let mut request_of: HashMap<&str, usize> = HashMap::new();
     for (i, s) in l.stages.iter().enumerate() {
         for o in &s.outputs {
-            if stat_values.contains_key(o) || not_stored.contains_key(o.as_str()) {
+            if !stored(o) {
+                continue;
+            }
+            if let Some(host) = in_place.get(o.as_str()) {
+                // the buffer of the input it overwrites lives on as this output
+                let r = request_of[host.as_str()];
+                requests[r].last = requests[r].last.max(last(o, i as u32));
+                request_of.insert(o.as_str(), r);
                 continue;
             }
             let first = written_by.get(o.as_str()).copied().unwrap_or(i as u32);
+            request_of.insert(o.as_str(), requests.len());
             requests.push(BufferRequest {
                 name: o.clone(),
                 bytes: bytes_of(o),
@@ -791,6 +863,15 @@ pub fn build(
                 elements: elements(&b.name),
             },
         );
+    }
+    // in stage order, so a chain of in-place outputs finds its buffer
+    for s in &l.stages {
+        for o in &s.outputs {
+            if let Some(host) = in_place.get(o.as_str()) {
+                let p = places[host.as_str()];
+                places.insert(o.clone(), p);
+            }
+        }
     }
 
     let mut st = Statics {
@@ -1115,13 +1196,12 @@ pub fn build(
                     y_round: y_round as i32,
                 };
                 if mma {
-                    // the fewest 8-channel tiles per block that cover cout (at most MMA_NT)
-                    let nt = (n_tiles as u32).next_power_of_two().min(MMA_NT);
-                    let grid = (
+                    let (gx, gy) = (
                         (ys[3] as u32).div_ceil(TC_COLS),
                         (ys[2] as u32).div_ceil(TC_ROWS),
-                        (n_tiles as u32).div_ceil(nt),
                     );
+                    let nt = tc_channel_tiles(n_tiles as u32, gx * gy);
+                    let grid = (gx, gy, (n_tiles as u32).div_ceil(nt));
                     blocks.push((
                         Kernel::ConvMma(y.half, nt as u8),
                         bytemuck::bytes_of(&p).to_vec(),
@@ -1539,12 +1619,11 @@ pub fn build(
         let shared = match kernel {
             Kernel::ConvMma(..) => {
                 let p: NnConv = bytemuck::pod_read_unaligned(&bytes);
-                let halves = tc_tile_halves(
+                tc_shared_bytes(
                     (p.kh as usize, p.kw as usize),
                     (p.sh as i64, p.sw as i64),
                     (p.dh as i64, p.dw as i64),
-                );
-                (halves * 2) as u32
+                )
             }
             _ => 0,
         };
@@ -1759,4 +1838,32 @@ pub fn f32_to_f16_bits(v: f32) -> u16 {
 /// Launches a frame of `program` takes.
 pub fn launches_per_frame(program: &Program) -> u32 {
     program.launches.len() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_tiles_cover_cout_and_split_small_launches() {
+        // a large layer keeps the widest block that covers its channels
+        assert_eq!(tc_channel_tiles(2, 16320), 2);
+        assert_eq!(tc_channel_tiles(3, 16320), 4);
+        assert_eq!(tc_channel_tiles(32, 4050), 8);
+        // 68 pixel blocks of a 128-channel layer (16 tiles): split until >= TC_MIN_BLOCKS
+        let nt = tc_channel_tiles(16, 68);
+        assert_eq!(nt, 2);
+        assert!(68 * 16u32.div_ceil(nt) >= TC_MIN_BLOCKS);
+        // never below one tile per block, even when the launch stays small
+        assert_eq!(tc_channel_tiles(1, 4), 1);
+        assert_eq!(tc_channel_tiles(8, 1), 1);
+    }
+
+    #[test]
+    fn shared_memory_holds_the_tile_and_its_source_table() {
+        // 3x3 stride 1: 6 rows x 34 columns, 48 bytes of tile and 8 of table per pixel
+        assert_eq!(tc_shared_bytes((3, 3), (1, 1), (1, 1)), 6 * 34 * 56);
+        // the largest tile that takes the tensor cores still fits 48 KiB without opt-in
+        const { assert!(TC_TILE_HALVES * 2 + TC_TILE_HALVES / TC_PIX * 8 <= 48 * 1024) };
+    }
 }
