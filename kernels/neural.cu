@@ -656,6 +656,96 @@ __device__ __forceinline__ float nn_unary(int op, float x, float p0, float p1)
     }
 }
 
+// A chain that is affine in its one full-size operand X up to op affine_ops (Add, Sub, Mul and
+// Div by values constant along the last axis, e.g. a normalization by per-channel statistics),
+// then unary ops: the host checked it (program::affine_chain). The V values share their
+// constants, so the thread folds the affine part into y = a * X + b once (from X = 1·X + 0 and
+// each constant c = 0·X + c), then applies a and b and the trailing ops to its V values of X
+// (contiguous, as the output: 16-byte loads and stores of halves).
+template <int V>
+__device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long i, int i0, int i1,
+                                                  int i2, int i3)
+{
+    float ca = 0.0f, cb = 0.0f;
+    for (int o = 0; o < s.affine_ops; o++) {
+        const int code = s.op_code[o];
+        float a[2], b[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int ref = k == 0 ? s.op_a[o] : s.op_b[o];
+            if (ref < 0) {
+                a[k] = ca;
+                b[k] = cb;
+            } else if (ref == s.affine_x) {
+                a[k] = 1.0f;
+                b[k] = 0.0f;
+            } else {
+                const int* st = s.strides + 4 * ref;
+                const long long at = (long long)i0 * st[0] + (long long)i1 * st[1] +
+                                     (long long)i2 * st[2] + (long long)i3 * st[3];
+                a[k] = 0.0f;
+                b[k] = nn_load(s.operand[ref], at, s.operand_half[ref]);
+            }
+        }
+        if (code >= NN_EW_FIRST_UNARY) { // of a constant
+            ca = 0.0f;
+            cb = nn_unary(code, b[0], s.op_p0[o], s.op_p1[o]);
+        } else if (code == NN_EW_ADD) {
+            ca = a[0] + a[1];
+            cb = b[0] + b[1];
+        } else if (code == NN_EW_SUB) {
+            ca = a[0] - a[1];
+            cb = b[0] - b[1];
+        } else if (code == NN_EW_MUL) { // one side constant (a[0] * a[1] == 0)
+            ca = a[0] * b[1] + a[1] * b[0];
+            cb = b[0] * b[1];
+        } else { // NN_EW_DIV by a constant
+            ca = a[0] / b[1];
+            cb = b[0] / b[1];
+        }
+    }
+    const unsigned long long xp = s.operand[s.affine_x];
+    const bool xh = s.operand_half[s.affine_x];
+    float v[V];
+    if (xh && V % 8 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 8) {
+            const uint4 q = __ldg((const uint4*)((const unsigned short*)xp + i + j));
+            const unsigned int w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[j + 2 * k] = nn_h2f((unsigned short)(w[k] & 0xffffu));
+                v[j + 2 * k + 1] = nn_h2f((unsigned short)(w[k] >> 16));
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            v[j] = nn_load(xp, i + j, xh);
+    }
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        v[j] = ca * v[j] + cb;
+        for (int o = s.affine_ops; o < s.n_ops; o++)
+            v[j] = nn_unary(s.op_code[o], v[j], s.op_p0[o], s.op_p1[o]);
+    }
+    if (s.y_half && V % 8 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 8) {
+            uint4 q;
+            q.x = nn_pack2(nn_f2h(v[j]), nn_f2h(v[j + 1]));
+            q.y = nn_pack2(nn_f2h(v[j + 2]), nn_f2h(v[j + 3]));
+            q.z = nn_pack2(nn_f2h(v[j + 4]), nn_f2h(v[j + 5]));
+            q.w = nn_pack2(nn_f2h(v[j + 6]), nn_f2h(v[j + 7]));
+            *(uint4*)((unsigned short*)s.y + i + j) = q;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            nn_store(s.y, i + j, s.y_half, v[j]);
+    }
+}
+
 // V consecutive elements along the last axis per thread (V = 4 when that axis allows it): the
 // index decomposition, operand offsets and the op dispatch are paid once per V values.
 template <typename Idx, int V>
@@ -673,6 +763,10 @@ __device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s)
         r /= d2;
         const int i1 = (int)(r % d1);
         const int i0 = (int)(r / d1);
+        if (V == NN_EW_VEC && s.affine_x >= 0) {
+            nn_eltwise_affine<V>(s, i, i0, i1, i2, i3);
+            continue;
+        }
         float cur[V];
 #pragma unroll
         for (int j = 0; j < V; j++)

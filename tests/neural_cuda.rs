@@ -445,6 +445,50 @@ fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
     assert!(p.arena.arena_bytes < 5 * full / 2, "arena {mib:.1} MiB");
 }
 
+/// The normalizations' elementwise chains take nn_eltwise's affine path (no GPU needed to plan).
+#[test]
+fn normalization_chains_take_the_affine_path() {
+    use gsttoonflow::cuda::neural::program::{Kernel, NnEltwise};
+    let mut models = vec![
+        NeuralModel::from_bytes(&encode_model(&hayao_like()), "hayao_like").unwrap(),
+        NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like").unwrap(),
+    ];
+    models.extend(real_tiny());
+    for model in &models {
+        let spec = model.specialise(96, 160).unwrap();
+        let p = gsttoonflow::cuda::neural::program::build(
+            &spec,
+            &Storage::uniform(spec.stage_count(), true),
+            0,
+            0,
+        )
+        .unwrap();
+        let chains: Vec<(i32, i32)> = p
+            .launches
+            .iter()
+            .filter(|l| l.kernel == Kernel::Eltwise)
+            .map(|l| {
+                // static base 0: a parameter block's address is its offset
+                let at = l.params as usize;
+                let e: NnEltwise = bytemuck::pod_read_unaligned(
+                    &p.static_init[at..at + std::mem::size_of::<NnEltwise>()],
+                );
+                (e.affine_x, e.n_ops)
+            })
+            .collect();
+        let affine = chains.iter().filter(|c| c.0 >= 0).count();
+        println!(
+            "{}: {affine} of {} elementwise launches affine (ops per chain {:?})",
+            model.name(),
+            chains.len(),
+            chains.iter().map(|c| c.1).collect::<Vec<_>>()
+        );
+        if model.name() != "tiny_like" {
+            assert!(affine > 0, "{}: no affine chain", model.name());
+        }
+    }
+}
+
 /// f32 → f16 bits against nprec's emulation (round to nearest even) over many magnitudes.
 #[test]
 fn half_conversion_rounds_to_nearest_even() {

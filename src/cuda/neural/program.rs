@@ -195,6 +195,10 @@ pub struct NnEltwise {
     pub op_p1: [f32; EW_MAX_OPS],
     pub n_ops: i32,
     pub y_half: i32,
+    /// The affine path (`affine_chain`): the operand the chain is affine in, or -1; and the
+    /// ops of the affine part (the rest are unary).
+    pub affine_x: i32,
+    pub affine_ops: i32,
 }
 }
 
@@ -735,6 +739,48 @@ fn in_place_outputs(
         }
     }
     hosts
+}
+
+/// Whether an elementwise chain is affine in one operand X: X full-size and contiguous like the
+/// output, every other operand constant along the last axis; Add and Sub of anything, Mul with
+/// one side free of X, Div by something free of X, unary ops of X-free values, up to the first
+/// unary op of an X-dependent value, after which only unary ops of the chain's value follow.
+/// Returns (X, ops of the affine part); `nn_eltwise` then folds each thread's constants into
+/// a * X + b once instead of interpreting the chain per value.
+pub fn affine_chain(p: &NnEltwise, operands: usize) -> Option<(usize, usize)> {
+    let strides = |r: usize| &p.strides[4 * r..4 * r + 4];
+    let dims = p.dims.map(|d| d as usize);
+    let out = contiguous_strides(&dims).map(|s| s as i32);
+    let full = |r: usize| (0..4).all(|a| dims[a] == 1 || strides(r)[a] == out[a]);
+    let mut xs = (0..operands).filter(|&r| full(r));
+    let x = xs.next()?;
+    if xs.next().is_some() || (0..operands).any(|r| r != x && strides(r)[3] != 0 && dims[3] != 1) {
+        return None;
+    }
+    let n_ops = p.n_ops as usize;
+    // whether the chain's value so far depends on X
+    let mut cur = false;
+    for o in 0..n_ops {
+        let dep = |r: i32| if r < 0 { cur } else { r as usize == x };
+        let (a, b) = (dep(p.op_a[o]), dep(p.op_b[o]));
+        let code = p.op_code[o];
+        if code >= EW_FIRST_UNARY {
+            if !a {
+                cur = false;
+                continue;
+            }
+            // the affine part ends: only unary ops of the chain's value may follow
+            let tail = (o..n_ops).all(|k| p.op_code[k] >= EW_FIRST_UNARY && p.op_a[k] < 0);
+            return (o > 0 && p.op_a[o] < 0 && tail).then_some((x, o));
+        }
+        cur = match code {
+            EW_ADD | EW_SUB => a || b,
+            EW_MUL if !(a && b) => a || b,
+            EW_DIV if !b => a,
+            _ => return None,
+        };
+    }
+    cur.then_some((x, n_ops))
 }
 
 /// Builds the program of `spec` with `storage`, at the given bases (0, 0 to size it).
@@ -1437,6 +1483,10 @@ pub fn build(
                 }
                 p.n_ops = s.nodes.len() as i32;
                 let per_thread = if od[3] % EW_VEC == 0 { EW_VEC } else { 1 };
+                (p.affine_x, p.affine_ops) = match affine_chain(&p, operands.len()) {
+                    Some((x, ops)) if per_thread == EW_VEC => (x as i32, ops as i32),
+                    _ => (-1, 0),
+                };
                 let total = (od.iter().product::<usize>() / per_thread) as u64;
                 blocks.push((
                     Kernel::Eltwise,
@@ -1857,6 +1907,51 @@ mod tests {
         // never below one tile per block, even when the launch stays small
         assert_eq!(tc_channel_tiles(1, 4), 1);
         assert_eq!(tc_channel_tiles(8, 1), 1);
+    }
+
+    /// A chain over a [1, 16, 4, 8] output: operand 0 full-size, the others per channel.
+    fn chain(ops: &[(i32, i32, i32)], operands: usize) -> NnEltwise {
+        let mut p: NnEltwise = bytemuck::Zeroable::zeroed();
+        p.dims = [1, 16, 4, 8];
+        p.strides[..4].copy_from_slice(&[512, 32, 8, 1]);
+        for r in 1..operands {
+            p.strides[4 * r..4 * r + 4].copy_from_slice(&[16, 1, 0, 0]);
+        }
+        for (k, &(code, a, b)) in ops.iter().enumerate() {
+            (p.op_code[k], p.op_a[k], p.op_b[k]) = (code, a, b);
+        }
+        p.n_ops = ops.len() as i32;
+        p
+    }
+
+    #[test]
+    fn affine_chains_are_recognised() {
+        // ((x - m) / s) * t + u, then LeakyRelu: affine in operand 0 for 4 ops
+        let norm = [
+            (EW_SUB, 0, 1),
+            (EW_DIV, -1, 2),
+            (EW_MUL, -1, 3),
+            (EW_ADD, -1, 4),
+            (EW_LEAKY, -1, -1),
+        ];
+        assert_eq!(affine_chain(&chain(&norm, 5), 5), Some((0, 4)));
+        assert_eq!(affine_chain(&chain(&norm[..4], 5), 5), Some((0, 4)));
+        // a constant's square root on the way is fine: s * sqrt(t) - x
+        let c = [(EW_SQRT, 2, -1), (EW_MUL, 1, -1), (EW_SUB, -1, 0)];
+        assert_eq!(affine_chain(&chain(&c, 3), 3), Some((0, 3)));
+        // x * x, division by x, x under a unary op first, a binary op after the unary tail
+        assert_eq!(affine_chain(&chain(&[(EW_MUL, 0, 0)], 1), 1), None);
+        assert_eq!(affine_chain(&chain(&[(EW_DIV, 1, 0)], 2), 2), None);
+        assert_eq!(affine_chain(&chain(&[(EW_RELU, 0, -1)], 1), 1), None);
+        let tail = [(EW_ADD, 0, 1), (EW_RELU, -1, -1), (EW_ADD, -1, 1)];
+        assert_eq!(affine_chain(&chain(&tail, 2), 2), None);
+        // an operand that varies along the last axis, or two full-size operands
+        let mut p = chain(&[(EW_ADD, 0, 1)], 2);
+        p.strides[4..8].copy_from_slice(&[0, 0, 0, 1]);
+        assert_eq!(affine_chain(&p, 2), None);
+        let mut p = chain(&[(EW_ADD, 0, 1)], 2);
+        p.strides[4..8].copy_from_slice(&[512, 32, 8, 1]);
+        assert_eq!(affine_chain(&p, 2), None);
     }
 
     #[test]
