@@ -434,9 +434,12 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                     if (ox >= p->ow)
                         continue;
                     float v = nn_activate(acc[m][n][2 * r + j] + bias, p->act, p->act_a, p->act_b);
-                    if (p->y_round) // a folded output Transpose after an fp16-stored stage
+                    if (p->y_round) // a folded output Transpose or Add after an fp16-stored stage
                         v = nn_h2f(nn_f2h(v));
-                    O::store(y, (long long)oc * p->y_cs + row + (long long)ox * p->y_ps, v);
+                    const long long at = (long long)oc * p->y_cs + row + (long long)ox * p->y_ps;
+                    if (p->res) // a folded residual Add: this thread alone reads and writes `at`
+                        v += nn_load(p->res, at, p->res_half);
+                    O::store(y, at, v);
                 }
             }
         }

@@ -405,10 +405,11 @@ fn programs_cover_every_stage() {
     }
 }
 
-/// Elementwise stages write over an input that dies with them (no GPU needed to plan): some
-/// stage output shares its input's address, the plan still validates, and the real tiny at
-/// 1080p in fp16 (when the fixture is here) peaks at two full-resolution 16-channel buffers,
-/// not three.
+/// Elementwise stages write over an input that dies with them, a residual Add folded into the
+/// convolution before it writes over its other addend (no GPU needed to plan): some stage
+/// output shares its input's address, the plan still validates, and the real tiny at 1080p in
+/// fp16 (when the fixture is here) peaks at two full-resolution 16-channel buffers (191 MiB,
+/// three of them, before).
 #[test]
 fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
     let spec = NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like")
@@ -442,7 +443,10 @@ fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
     let full = 1088 * 1920 * 16 * 2;
     let mib = p.arena.arena_bytes as f64 / 1048576.0;
     println!("AnimeGANv3_tiny_Cute 1920x1088 fp16: arena {mib:.1} MiB");
-    assert!(p.arena.arena_bytes < 5 * full / 2, "arena {mib:.1} MiB");
+    assert!(
+        p.arena.arena_bytes <= 2 * full + (1 << 20),
+        "arena {mib:.1} MiB"
+    );
 }
 
 /// The normalizations' elementwise chains take nn_eltwise's affine path (no GPU needed to plan).

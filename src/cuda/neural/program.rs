@@ -83,6 +83,9 @@ pub struct NnConv {
     /// A Resize folded into the input gather: its taps (as `NnResize::taps`, for the resized
     /// h x w_in) and `x` is the Resize's input of rs_h x rs_w per channel; 0: no Resize.
     pub rs_taps: u64,
+    /// Tensor-core path: a residual Add folded into the epilogue: the other addend, read at
+    /// the output's own index (the output may be written over it), or 0.
+    pub res: u64,
     /// Tensor-core path: cin rounded up to 16, output channel tiles of 8.
     pub cin_pad: i32,
     pub n_tiles: i32,
@@ -127,6 +130,10 @@ pub struct NnConv {
     pub y_rs: i32,
     pub y_ps: i32,
     pub y_round: i32,
+    /// Whether `res` is fp16.
+    pub res_half: i32,
+    /// Keeps the block a multiple of 8 bytes.
+    pub reserved: i32,
 }
 }
 
@@ -618,11 +625,16 @@ struct Folds {
     input: HashMap<usize, (usize, Gather)>,
     /// conv stage → the NCHW → NHWC Transpose after it, folded into its epilogue.
     output: HashMap<usize, usize>,
+    /// conv stage → (the residual Add stage after it, folded into its epilogue, and the Add's
+    /// other addend).
+    residual: HashMap<usize, (usize, String)>,
 }
 
 impl Folds {
     fn folded(&self, stage: usize) -> bool {
-        self.input.values().any(|&(r, _)| r == stage) || self.output.values().any(|&t| t == stage)
+        self.input.values().any(|&(r, _)| r == stage)
+            || self.output.values().any(|&t| t == stage)
+            || self.residual.values().any(|(a, _)| *a == stage)
     }
 }
 
@@ -701,6 +713,40 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
             && next.outputs.first() == Some(&l.output)
         {
             f.output.insert(i, i + 1);
+            continue;
+        }
+        // a residual Add of the convolution's output and a tensor of the same shape, neither
+        // the convolution's input nor the source of its folded gather (so the Add's output
+        // may be written over the addend while other blocks still gather)
+        let [add] = next.nodes.as_slice() else {
+            continue;
+        };
+        let source = f
+            .input
+            .get(&i)
+            .map(|&(r, _)| &l.stages[r].nodes[0].input[0]);
+        let x = s.nodes.first().map(|n| &n.input[0]);
+        let skip = match add.input.as_slice() {
+            [a, b] if a == out && b != out => b,
+            [a, b] if b == out && a != out => a,
+            _ => continue,
+        };
+        if on_tensor_cores(s)
+            && reads_half
+            && s.outputs.len() == 1
+            && only_reader(l, out) == Some(i + 1)
+            && next.kind == StageKind::Elementwise
+            && add.op_type == "Add"
+            && next.outputs.len() == 1
+            && next.outputs[0] != l.output
+            && l.shapes
+                .get(skip)
+                .is_some_and(|sh| Some(sh) == l.shapes.get(out))
+            && half_of.contains_key(skip)
+            && Some(skip) != x
+            && Some(skip) != source
+        {
+            f.residual.insert(i, (i + 1, skip.clone()));
         }
     }
     f
@@ -846,6 +892,10 @@ pub fn build(
         not_stored.insert(l.stages[conv].outputs[0].as_str(), ());
         written_by.insert(l.stages[t].outputs[0].as_str(), conv as u32);
     }
+    for (&conv, (add, _)) in &folds.residual {
+        not_stored.insert(l.stages[conv].outputs[0].as_str(), ());
+        written_by.insert(l.stages[*add].outputs[0].as_str(), conv as u32);
+    }
     let bytes_of = |v: &str| elements(v) * if half_of.get(v) == Some(&true) { 2 } else { 4 };
     let last = |v: &str, first: u32| {
         last_use
@@ -891,7 +941,7 @@ pub fn build(
         .map(|(i, s)| format!("{i} {} {}", s.kind.label(), s.name))
         .collect();
     let halves = storage.half.iter().filter(|&&h| h).count();
-    let arena = ArenaPlan::layout(
+    let arena = ArenaPlan::layout_best(
         &requests,
         names,
         format!(
@@ -1031,17 +1081,27 @@ pub fn build(
                     .outputs
                     .first()
                     .ok_or_else(|| unsupported(i, s, "no output"))?;
-                // a Transpose folded into the epilogue: the convolution writes its output
-                let (y, y_nhwc) = match folds.output.get(&i) {
-                    Some(&t) => (places[&l.stages[t].outputs[0]], true),
-                    None => (
+                // a Transpose or residual Add folded into the epilogue: the convolution writes
+                // its output
+                let residual = folds.residual.get(&i);
+                let (y, y_nhwc) = match (folds.output.get(&i), residual) {
+                    (Some(&t), _) => (places[&l.stages[t].outputs[0]], true),
+                    (None, Some((a, _))) => (places[&l.stages[*a].outputs[0]], false),
+                    (None, None) => (
                         *places
                             .get(out)
                             .ok_or_else(|| unsupported(i, s, "output not planned"))?,
                         false,
                     ),
                 };
-                let y_round = y_nhwc && half_of.get(out.as_str()) == Some(&true) && !y.half;
+                let res = match residual {
+                    Some((_, skip)) => Some(place(&places, &mut st, skip)?),
+                    None => None,
+                };
+                // the convolution's value as its own fp16 storage would hold it, before the
+                // folded stage (unless the store rounds anyway)
+                let y_round = half_of.get(out.as_str()) == Some(&true)
+                    && ((y_nhwc && !y.half) || res.is_some());
                 let ys = l.shapes[out].clone();
                 if xs.len() != 4 || ys.len() != 4 || xs[0] != 1 {
                     return Err(unsupported(i, s, format!("convolution of shape {xs:?}")));
@@ -1170,7 +1230,7 @@ pub fn build(
                     && groups == 1
                     && tc_tile_fits((kh, kw), (sh, sw), (dh, dw));
                 debug_assert!(
-                    mma || (resize.is_none() && !nhwc && !y_nhwc),
+                    mma || (resize.is_none() && !nhwc && !y_nhwc && res.is_none()),
                     "a folded stage needs tensor cores"
                 );
                 let (h, w) = (xs[2] as i32, xs[3] as i32);
@@ -1204,6 +1264,7 @@ pub fn build(
                     b: b_addr,
                     wh,
                     rs_taps: resize.as_ref().map_or(0, |r| r.0),
+                    res: res.map_or(0, |r| r.addr),
                     cin_pad: cin_pad as i32,
                     n_tiles: n_tiles as i32,
                     cin: cin as i32,
@@ -1240,6 +1301,8 @@ pub fn build(
                     y_rs,
                     y_ps,
                     y_round: y_round as i32,
+                    res_half: res.is_some_and(|r| r.half) as i32,
+                    reserved: 0,
                 };
                 if mma {
                     let (gx, gy) = (
@@ -1347,6 +1410,9 @@ pub fn build(
                         i,
                     ));
                 }
+            }
+            StageKind::Elementwise if folds.folded(i) => {
+                // a residual Add folded into the convolution before it
             }
             StageKind::Elementwise => {
                 let out = s
