@@ -442,7 +442,10 @@ fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
     p.arena.validate().unwrap();
     let full = 1088 * 1920 * 16 * 2;
     let mib = p.arena.arena_bytes as f64 / 1048576.0;
-    println!("AnimeGANv3_tiny_Cute 1920x1088 fp16: arena {mib:.1} MiB");
+    println!(
+        "AnimeGANv3_tiny_Cute 1920x1088 fp16: arena {mib:.1} MiB, {} launches",
+        p.launches.len()
+    );
     assert!(
         p.arena.arena_bytes <= 2 * full + (1 << 20),
         "arena {mib:.1} MiB"
