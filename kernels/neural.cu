@@ -116,22 +116,41 @@ __device__ __forceinline__ int nn_pad_index(int i, int n, int mode)
     return m >= n ? period - m : m;
 }
 
-// One value of a separable 2-tap resize: the taps ty (row) and tx (column) of the tables
-// (int i0, int i1, float w0, float w1), along H first then W, as the CPU reference does.
-__device__ __forceinline__ float nn_resize_at(unsigned long long x, int half, long long base, int in_w,
-                                              const int* ty, const int* tx)
+// The taps of one value of a separable 2-tap resize: rows ty and columns tx of the tables
+// (int i0, int i1, float w0, float w1), as element offsets into a plane of width in_w.
+struct NnBilinear {
+    long long o00, o01, o10, o11;
+    float wy0, wy1, wx0, wx1;
+};
+
+__device__ __forceinline__ NnBilinear nn_taps(const int* ty, const int* tx, int in_w)
 {
-    float wy0 = __int_as_float(ty[2]), wy1 = __int_as_float(ty[3]);
-    float wx0 = __int_as_float(tx[2]), wx1 = __int_as_float(tx[3]);
-    float a0 = nn_load(x, base + (long long)ty[0] * in_w + tx[0], half);
-    float a1 = nn_load(x, base + (long long)ty[0] * in_w + tx[1], half);
-    if (wy1 != 0.0f) {
-        float b0 = nn_load(x, base + (long long)ty[1] * in_w + tx[0], half);
-        float b1 = nn_load(x, base + (long long)ty[1] * in_w + tx[1], half);
-        a0 = wy0 * a0 + wy1 * b0;
-        a1 = wy0 * a1 + wy1 * b1;
+    NnBilinear b;
+    const long long r0 = (long long)ty[0] * in_w, r1 = (long long)ty[1] * in_w;
+    b.o00 = r0 + tx[0];
+    b.o01 = r0 + tx[1];
+    b.o10 = r1 + tx[0];
+    b.o11 = r1 + tx[1];
+    b.wy0 = __int_as_float(ty[2]);
+    b.wy1 = __int_as_float(ty[3]);
+    b.wx0 = __int_as_float(tx[2]);
+    b.wx1 = __int_as_float(tx[3]);
+    return b;
+}
+
+// One resized value of the plane at base: along H first, then W, as the CPU reference does.
+__device__ __forceinline__ float nn_resize_value(unsigned long long x, int half, long long base,
+                                                 const NnBilinear& b)
+{
+    float a0 = nn_load(x, base + b.o00, half);
+    float a1 = nn_load(x, base + b.o01, half);
+    if (b.wy1 != 0.0f) {
+        float b0 = nn_load(x, base + b.o10, half);
+        float b1 = nn_load(x, base + b.o11, half);
+        a0 = b.wy0 * a0 + b.wy1 * b0;
+        a1 = b.wy0 * a1 + b.wy1 * b1;
     }
-    return wx1 != 0.0f ? wx0 * a0 + wx1 * a1 : a0;
+    return b.wx1 != 0.0f ? b.wx0 * a0 + b.wx1 * a1 : a0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -226,14 +245,16 @@ __device__ __forceinline__ void nn_conv_body(const NnConv* __restrict__ p)
 // Tensor-core convolution (sm_80+): implicit GEMM with mma.sync m16n8k16 (f16 x f16 -> f32).
 // M = output pixels, N = output channels, K = taps x input channels in chunks of 16.
 // One block: NN_TC_ROWS output rows x NN_TC_COLS pixels (one row per warp, two 16-pixel
-// m-tiles) x NT*8 channels (NT = 1, 2, 4, 8: no accumulators for channels a layer lacks). Per 16-channel chunk the block gathers its input tile
-// (with the halo the taps need, the Pad and the convolution's zero padding applied once per
-// element) from the NCHW fp16 input into dynamic shared memory (sized by the host to the tile,
-// so small tiles let more blocks share an SM) as [row][col][NN_TC_PIX halves]: the
-// 16 channels of a pixel contiguous (padded to 48 bytes so the eight rows of an ldmatrix hit
-// distinct banks). Each tap's A fragment is then one ldmatrix.x4 (16 pixels x 16 channels at the
-// tap's offset, any stride or dilation); B fragments are one coalesced 64-bit load per lane from
-// weights the host laid out in fragment order [tap][chunk][n tile][lane][4 halves].
+// m-tiles) x NT*8 channels (NT = 1, 2, 4, 8: no accumulators for channels a layer lacks). Per
+// 16-channel chunk the block gathers its input tile (with the halo the taps need) from the NCHW
+// fp16 input into dynamic shared memory (sized by the host to the tile, so small tiles let more
+// blocks share an SM) as [row][col][NN_TC_PIX halves]: the 16 channels of a pixel contiguous
+// (padded to 48 bytes so the eight rows of an ldmatrix hit distinct banks). Where each tile
+// pixel comes from (the Pad and the convolution's zero padding applied) is worked out once per
+// block into a table after the tile, so the gather of every chunk is loads and stores only.
+// Each tap's A fragment is then one ldmatrix.x4 (16 pixels x 16 channels at the tap's offset,
+// any stride or dilation); B fragments are one coalesced 64-bit load per lane from weights the
+// host laid out in fragment order [tap][chunk][n tile][lane][4 halves].
 #define NN_TC_PIX 24
 
 __device__ __forceinline__ unsigned int nn_smem_addr(const void* p)
@@ -241,6 +262,63 @@ __device__ __forceinline__ unsigned int nn_smem_addr(const void* p)
     unsigned int a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
+}
+
+__device__ __forceinline__ unsigned int nn_pack2(unsigned short lo, unsigned short hi)
+{
+    return (unsigned int)lo | ((unsigned int)hi << 16);
+}
+
+// Table entry of a tile pixel: (iy, ix) of its source value, or x = -1 for the convolution's
+// zero padding and x = -2 for the Pad's constant fill.
+__device__ __forceinline__ int2 nn_tc_source(const NnConv* __restrict__ p, int py, int px)
+{
+    if (py < 0 || py >= p->hp || px < 0 || px >= p->wp)
+        return make_int2(-1, 0);
+    const int iy = nn_pad_index(py - p->pad_t, p->h, p->pad_mode);
+    const int ix = nn_pad_index(px - p->pad_l, p->w_in, p->pad_mode);
+    return (iy >= 0 && ix >= 0) ? make_int2(iy, ix) : make_int2(-2, 0);
+}
+
+// The 16 channels of chunk kc of one tile pixel (source `at`, inside the input), packed in
+// pairs: read through a folded Resize's taps (rounded to fp16 as the Resize's own output
+// would be), from the fp32 input (its layout Transpose folded; rounded to fp16 as the
+// Transpose's output would be) or from the fp16 input.
+__device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc, int2 at,
+                                            unsigned int v[8])
+{
+    const int cin = p->cin;
+    unsigned short h[16];
+    if (p->rs_taps) {
+        const NnBilinear tp = nn_taps((const int*)p->rs_taps + 4 * at.x,
+                                  (const int*)p->rs_taps + 4 * (p->h + at.y), p->rs_w);
+        const long long rplane = (long long)p->rs_h * p->rs_w;
+#pragma unroll 4
+        for (int c = 0; c < 16; c++) {
+            const int ic = kc * 16 + c;
+            h[c] = ic < cin ? nn_f2h(nn_resize_value(p->x, 1, ic * rplane, tp)) : (unsigned short)0;
+        }
+    } else {
+        const long long off = (long long)at.x * p->x_rs + (long long)at.y * p->x_ps;
+        if (p->x_f32) {
+            const float* __restrict__ xf = (const float*)p->x + off;
+#pragma unroll
+            for (int c = 0; c < 16; c++) {
+                const int ic = kc * 16 + c;
+                h[c] = ic < cin ? nn_f2h(__ldg(xf + (long long)ic * p->x_cs)) : (unsigned short)0;
+            }
+        } else {
+            const unsigned short* __restrict__ x = (const unsigned short*)p->x + off;
+#pragma unroll
+            for (int c = 0; c < 16; c++) {
+                const int ic = kc * 16 + c;
+                h[c] = ic < cin ? __ldg(x + (long long)ic * p->x_cs) : (unsigned short)0;
+            }
+        }
+    }
+#pragma unroll
+    for (int c2 = 0; c2 < 8; c2++)
+        v[c2] = nn_pack2(h[2 * c2], h[2 * c2 + 1]);
 }
 
 template <typename O, int NT>
@@ -257,98 +335,67 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // the tile: the padded-input rows and columns the block's outputs read
     const int rows = (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
     const int cols = (NN_TC_COLS - 1) * p->sw + (p->kw - 1) * p->dw + 1;
+    const int npx = rows * cols;
     const int py0 = oy0 * p->sh - p->conv_pt, px0 = ox0 * p->sw - p->conv_pl;
-    const unsigned short* __restrict__ x = (const unsigned short*)p->x;
-    const float* __restrict__ xf = (const float*)p->x;
     const uint2* __restrict__ wf = (const uint2*)p->wh;
     const unsigned short fill_bits = nn_f2h(p->pad_value);
+    // the pixel table sits after the tile (npx * 48 bytes, a multiple of 16)
+    int2* source = (int2*)(tile + npx * NN_TC_PIX);
+    for (int e = threadIdx.x; e < npx; e += blockDim.x) {
+        const int r = e / cols;
+        source[e] = nn_tc_source(p, py0 + r, px0 + (e - r * cols));
+    }
     float acc[2][NT][4];
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
         for (int n = 0; n < NT; n++)
             acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
-    // this lane's ldmatrix row: pixel (lane & 15) of an m-tile, channels 0-7 or 8-15
-    const unsigned int tile_base = nn_smem_addr(tile);
-    const int lane_px = (lane & 15) * p->sw;
-    const int lane_k = (lane >> 4) * 8;
+    // this lane's ldmatrix row: pixel (lane & 15) of an m-tile, channels 0-7 or 8-15; the
+    // byte steps between taps and m-tiles
+    const unsigned int lane_addr =
+        nn_smem_addr(tile) +
+        (unsigned int)(((warp * p->sh * cols + (lane & 15) * p->sw) * NN_TC_PIX + (lane >> 4) * 8) * 2);
+    const unsigned int m_step = 16 * p->sw * NN_TC_PIX * 2;
+    const unsigned int kx_step = p->dw * NN_TC_PIX * 2;
+    const unsigned int ky_step = p->dh * cols * NN_TC_PIX * 2;
+    const long long tap_step = (long long)chunks * p->n_tiles * 32;
     for (int kc = 0; kc < chunks; kc++) {
-        __syncthreads(); // the previous chunk's reads are done
-        for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
-            const int r = e / cols, c = e - r * cols;
-            const int py = py0 + r, px = px0 + c;
-            const bool zero = py < 0 || py >= p->hp || px < 0 || px >= p->wp;
-            const int iy = nn_pad_index(py - p->pad_t, p->h, p->pad_mode);
-            const int ix = nn_pad_index(px - p->pad_l, p->w_in, p->pad_mode);
-            const bool inside = !zero && iy >= 0 && ix >= 0;
-            const unsigned short fill = zero ? (unsigned short)0 : fill_bits;
-            const long long off = inside ? (long long)iy * p->x_rs + (long long)ix * p->x_ps : 0;
-            unsigned int* dst = (unsigned int*)(tile + e * NN_TC_PIX);
-            if (p->rs_taps) {
-                // a folded Resize: each value from the Resize's input through its taps, rounded
-                // to fp16 as the Resize's own output would be
-                const int* ty = (const int*)p->rs_taps + 4 * (inside ? iy : 0);
-                const int* tx = (const int*)p->rs_taps + 4 * (p->h + (inside ? ix : 0));
-                const long long rplane = (long long)p->rs_h * p->rs_w;
-#pragma unroll 2
-                for (int c2 = 0; c2 < 8; c2++) {
-                    const int ic = kc * 16 + 2 * c2;
-                    unsigned short lo = 0, hi = 0;
-                    if (ic < cin)
-                        lo = inside ? nn_f2h(nn_resize_at(p->x, 1, ic * rplane, p->rs_w, ty, tx)) : fill;
-                    if (ic + 1 < cin)
-                        hi = inside ? nn_f2h(nn_resize_at(p->x, 1, (ic + 1) * rplane, p->rs_w, ty, tx))
-                                    : fill;
-                    dst[c2] = (unsigned int)lo | ((unsigned int)hi << 16);
-                }
-                continue;
-            }
-            if (p->x_f32) {
-                // the network's fp32 input (its layout Transpose folded): rounded to fp16 here,
-                // as the Transpose's fp16 output would be
+        __syncthreads(); // the previous chunk's reads (and the table's writes) are done
+        for (int e = threadIdx.x; e < npx; e += blockDim.x) {
+            const int2 at = source[e];
+            unsigned int v[8];
+            if (at.x >= 0) {
+                nn_tc_fetch(p, kc, at, v);
+            } else {
+                const unsigned short fill = at.x == -1 ? (unsigned short)0 : fill_bits;
 #pragma unroll
                 for (int c2 = 0; c2 < 8; c2++) {
                     const int ic = kc * 16 + 2 * c2;
-                    unsigned short lo = 0, hi = 0;
-                    if (ic < cin)
-                        lo = inside ? nn_f2h(__ldg(xf + (long long)ic * p->x_cs + off)) : fill;
-                    if (ic + 1 < cin)
-                        hi = inside ? nn_f2h(__ldg(xf + (long long)(ic + 1) * p->x_cs + off)) : fill;
-                    dst[c2] = (unsigned int)lo | ((unsigned int)hi << 16);
+                    v[c2] = nn_pack2(ic < cin ? fill : (unsigned short)0,
+                                     ic + 1 < cin ? fill : (unsigned short)0);
                 }
-                continue;
             }
-#pragma unroll
-            for (int c2 = 0; c2 < 8; c2++) {
-                const int ic = kc * 16 + 2 * c2;
-                unsigned short lo = 0, hi = 0;
-                if (ic < cin)
-                    lo = inside ? __ldg(x + (long long)ic * p->x_cs + off) : fill;
-                if (ic + 1 < cin)
-                    hi = inside ? __ldg(x + (long long)(ic + 1) * p->x_cs + off) : fill;
-                dst[c2] = (unsigned int)lo | ((unsigned int)hi << 16);
-            }
+            uint4* dst = (uint4*)(tile + e * NN_TC_PIX);
+            dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+            dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
         }
         __syncthreads();
+        const uint2* wt = wf + ((long long)kc * p->n_tiles + nt0) * 32 + lane;
         for (int ky = 0; ky < p->kh; ky++) {
-            const int trow = warp * p->sh + ky * p->dh;
-            for (int kx = 0; kx < p->kw; kx++) {
-                const int tap = ky * p->kw + kx;
+            unsigned int addr = lane_addr + ky * ky_step;
+            for (int kx = 0; kx < p->kw; kx++, addr += kx_step, wt += tap_step) {
                 uint2 b[NT];
-                const uint2* wt = wf + ((long long)(tap * chunks + kc) * p->n_tiles + nt0) * 32 + lane;
 #pragma unroll
                 for (int n = 0; n < NT; n++)
                     if (n < ntn)
                         b[n] = __ldg(wt + n * 32);
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
-                    const int tcol = (m * 16) * p->sw + lane_px + kx * p->dw;
-                    const unsigned int addr =
-                        tile_base + (unsigned int)(((trow * cols + tcol) * NN_TC_PIX + lane_k) * 2);
                     unsigned int a0, a1, a2, a3;
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                                  : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
-                                 : "r"(addr));
+                                 : "r"(addr + m * m_step));
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
                         if (n < ntn) {
@@ -387,9 +434,12 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                     if (ox >= p->ow)
                         continue;
                     float v = nn_activate(acc[m][n][2 * r + j] + bias, p->act, p->act_a, p->act_b);
-                    if (p->y_round) // a folded output Transpose after an fp16-stored stage
+                    if (p->y_round) // a folded output Transpose or Add after an fp16-stored stage
                         v = nn_h2f(nn_f2h(v));
-                    O::store(y, (long long)oc * p->y_cs + row + (long long)ox * p->y_ps, v);
+                    const long long at = (long long)oc * p->y_cs + row + (long long)ox * p->y_ps;
+                    if (p->res) // a folded residual Add: this thread alone reads and writes `at`
+                        v += nn_load(p->res, at, p->res_half);
+                    O::store(y, at, v);
                 }
             }
         }
@@ -443,15 +493,40 @@ extern "C" __global__ void nn_moments(const NnMoments* __restrict__ p)
     __shared__ int last;
     const int c = blockIdx.y;
     const long long hw = p->hw;
-    const long long chunk = (hw + gridDim.x - 1) / gridDim.x;
-    const long long begin = blockIdx.x * chunk;
-    const long long end = min(hw, begin + chunk);
     const long long base = (long long)c * hw;
     double s = 0.0, ss = 0.0;
-    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        double v = nn_load(p->x, base + i, p->x_half);
-        s += v;
-        ss += v * v;
+    if (p->x_half && (hw & 7) == 0) {
+        // fp16 planes of a multiple of 8 values (16-byte aligned: the arena's buffers are):
+        // one 16-byte load per 8 values, their sums in float (the squares of halves are exact
+        // in float), then in double
+        const long long n8 = hw >> 3;
+        const long long chunk = (n8 + gridDim.x - 1) / gridDim.x;
+        const long long begin = blockIdx.x * chunk;
+        const long long end = min(n8, begin + chunk);
+        const uint4* __restrict__ x8 = (const uint4*)((const unsigned short*)p->x + base);
+        for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            const uint4 q = __ldg(x8 + i);
+            const unsigned int w[4] = {q.x, q.y, q.z, q.w};
+            float fs = 0.0f, fss = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float lo = nn_h2f((unsigned short)(w[k] & 0xffffu));
+                const float hi = nn_h2f((unsigned short)(w[k] >> 16));
+                fs += lo + hi;
+                fss += lo * lo + hi * hi;
+            }
+            s += fs;
+            ss += fss;
+        }
+    } else {
+        const long long chunk = (hw + gridDim.x - 1) / gridDim.x;
+        const long long begin = blockIdx.x * chunk;
+        const long long end = min(hw, begin + chunk);
+        for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            double v = nn_load(p->x, base + i, p->x_half);
+            s += v;
+            ss += v * v;
+        }
     }
     double bs = nn_block_sum(s, shared);
     double bss = nn_block_sum(ss, shared);
@@ -584,6 +659,96 @@ __device__ __forceinline__ float nn_unary(int op, float x, float p0, float p1)
     }
 }
 
+// A chain that is affine in its one full-size operand X up to op affine_ops (Add, Sub, Mul and
+// Div by values constant along the last axis, e.g. a normalization by per-channel statistics),
+// then unary ops: the host checked it (program::affine_chain). The V values share their
+// constants, so the thread folds the affine part into y = a * X + b once (from X = 1·X + 0 and
+// each constant c = 0·X + c), then applies a and b and the trailing ops to its V values of X
+// (contiguous, as the output: 16-byte loads and stores of halves).
+template <int V>
+__device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long i, int i0, int i1,
+                                                  int i2, int i3)
+{
+    float ca = 0.0f, cb = 0.0f;
+    for (int o = 0; o < s.affine_ops; o++) {
+        const int code = s.op_code[o];
+        float a[2], b[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int ref = k == 0 ? s.op_a[o] : s.op_b[o];
+            if (ref < 0) {
+                a[k] = ca;
+                b[k] = cb;
+            } else if (ref == s.affine_x) {
+                a[k] = 1.0f;
+                b[k] = 0.0f;
+            } else {
+                const int* st = s.strides + 4 * ref;
+                const long long at = (long long)i0 * st[0] + (long long)i1 * st[1] +
+                                     (long long)i2 * st[2] + (long long)i3 * st[3];
+                a[k] = 0.0f;
+                b[k] = nn_load(s.operand[ref], at, s.operand_half[ref]);
+            }
+        }
+        if (code >= NN_EW_FIRST_UNARY) { // of a constant
+            ca = 0.0f;
+            cb = nn_unary(code, b[0], s.op_p0[o], s.op_p1[o]);
+        } else if (code == NN_EW_ADD) {
+            ca = a[0] + a[1];
+            cb = b[0] + b[1];
+        } else if (code == NN_EW_SUB) {
+            ca = a[0] - a[1];
+            cb = b[0] - b[1];
+        } else if (code == NN_EW_MUL) { // one side constant (a[0] * a[1] == 0)
+            ca = a[0] * b[1] + a[1] * b[0];
+            cb = b[0] * b[1];
+        } else { // NN_EW_DIV by a constant
+            ca = a[0] / b[1];
+            cb = b[0] / b[1];
+        }
+    }
+    const unsigned long long xp = s.operand[s.affine_x];
+    const bool xh = s.operand_half[s.affine_x];
+    float v[V];
+    if (xh && V % 8 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 8) {
+            const uint4 q = __ldg((const uint4*)((const unsigned short*)xp + i + j));
+            const unsigned int w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[j + 2 * k] = nn_h2f((unsigned short)(w[k] & 0xffffu));
+                v[j + 2 * k + 1] = nn_h2f((unsigned short)(w[k] >> 16));
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            v[j] = nn_load(xp, i + j, xh);
+    }
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        v[j] = ca * v[j] + cb;
+        for (int o = s.affine_ops; o < s.n_ops; o++)
+            v[j] = nn_unary(s.op_code[o], v[j], s.op_p0[o], s.op_p1[o]);
+    }
+    if (s.y_half && V % 8 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 8) {
+            uint4 q;
+            q.x = nn_pack2(nn_f2h(v[j]), nn_f2h(v[j + 1]));
+            q.y = nn_pack2(nn_f2h(v[j + 2]), nn_f2h(v[j + 3]));
+            q.z = nn_pack2(nn_f2h(v[j + 4]), nn_f2h(v[j + 5]));
+            q.w = nn_pack2(nn_f2h(v[j + 6]), nn_f2h(v[j + 7]));
+            *(uint4*)((unsigned short*)s.y + i + j) = q;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            nn_store(s.y, i + j, s.y_half, v[j]);
+    }
+}
+
 // V consecutive elements along the last axis per thread (V = 4 when that axis allows it): the
 // index decomposition, operand offsets and the op dispatch are paid once per V values.
 template <typename Idx, int V>
@@ -601,6 +766,10 @@ __device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s)
         r /= d2;
         const int i1 = (int)(r % d1);
         const int i0 = (int)(r / d1);
+        if (V == NN_EW_VEC && s.affine_x >= 0) {
+            nn_eltwise_affine<V>(s, i, i0, i1, i2, i3);
+            continue;
+        }
         float cur[V];
 #pragma unroll
         for (int j = 0; j < V; j++)
@@ -622,9 +791,17 @@ __device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s)
                     const int* st = s.strides + 4 * ref;
                     const long long at = (long long)i0 * st[0] + (long long)i1 * st[1] +
                                          (long long)i2 * st[2] + (long long)i3 * st[3];
+                    if (st[3] == 0) {
+                        // broadcast along the last axis (e.g. per channel): one load for all V
+                        const float u = nn_load(s.operand[ref], at, s.operand_half[ref]);
 #pragma unroll
-                    for (int j = 0; j < V; j++)
-                        v[k][j] = nn_load(s.operand[ref], at + (long long)j * st[3], s.operand_half[ref]);
+                        for (int j = 0; j < V; j++)
+                            v[k][j] = u;
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < V; j++)
+                            v[k][j] = nn_load(s.operand[ref], at + (long long)j * st[3], s.operand_half[ref]);
+                    }
                 }
             }
 #pragma unroll
@@ -717,8 +894,8 @@ __device__ __forceinline__ void nn_resize_body(const NnResize* __restrict__ p)
         const int oy = (int)(r % out_h);
         const long long plane = (long long)(r / out_h);
         const long long base = plane * p->in_h * p->in_w;
-        const float v = nn_resize_at(p->x, p->x_half, base, p->in_w, taps + 4 * oy,
-                                     taps + 4 * (p->out_h + ox));
+        const float v = nn_resize_value(p->x, p->x_half, base,
+                                        nn_taps(taps + 4 * oy, taps + 4 * (p->out_h + ox), p->in_w));
         nn_store(p->y, (long long)i, p->y_half, v);
     }
 }

@@ -53,9 +53,43 @@ impl ArenaPlan {
     pub fn layout(requests: &[BufferRequest], stage_names: Vec<String>, label: String) -> Self {
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| requests[b].bytes.cmp(&requests[a].bytes).then(a.cmp(&b)));
+        Self::layout_in_order(requests, &order, stage_names, label)
+    }
+
+    /// The smallest of the greedy placements in three orders: largest first (`layout`), longest
+    /// lived first, earliest first (each then largest first). Long-lived buffers placed first
+    /// leave fewer holes when some live across most of the network (skip tensors, outputs
+    /// written in place over an input).
+    pub fn layout_best(
+        requests: &[BufferRequest],
+        stage_names: Vec<String>,
+        label: String,
+    ) -> Self {
+        let by_size = |a: &usize, b: &usize| requests[*b].bytes.cmp(&requests[*a].bytes);
+        let span = |i: usize| requests[i].last - requests[i].first;
+        let mut orders: Vec<Vec<usize>> = vec![(0..requests.len()).collect(); 3];
+        orders[0].sort_by(|a, b| by_size(a, b).then(a.cmp(b)));
+        orders[1].sort_by(|a, b| span(*b).cmp(&span(*a)).then(by_size(a, b)).then(a.cmp(b)));
+        orders[2].sort_by(|a, b| {
+            let first = |i: usize| requests[i].first;
+            first(*a).cmp(&first(*b)).then(by_size(a, b)).then(a.cmp(b))
+        });
+        orders
+            .iter()
+            .map(|o| Self::layout_in_order(requests, o, stage_names.clone(), label.clone()))
+            .min_by_key(|p| p.arena_bytes)
+            .expect("three orders")
+    }
+
+    fn layout_in_order(
+        requests: &[BufferRequest],
+        order: &[usize],
+        stage_names: Vec<String>,
+        label: String,
+    ) -> Self {
         let mut placed: Vec<PlannedBuffer> = Vec::with_capacity(requests.len());
         let mut index: Vec<usize> = Vec::with_capacity(requests.len());
-        for i in order {
+        for &i in order {
             let r = &requests[i];
             let mut buf = PlannedBuffer {
                 name: r.name.clone(),
@@ -195,4 +229,48 @@ impl ArenaPlan {
 
 pub fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(name: &str, units: u64, first: u32, last: u32) -> BufferRequest {
+        BufferRequest {
+            name: name.to_string(),
+            bytes: units * ALIGN,
+            first,
+            last,
+        }
+    }
+
+    #[test]
+    fn the_best_order_is_never_worse_and_always_valid() {
+        // fixed-seed pseudo-random networks of buffers
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut strictly_better = 0;
+        for _ in 0..200 {
+            let stages = 4 + next(20) as u32;
+            let requests: Vec<BufferRequest> = (0..3 + next(12))
+                .map(|k| {
+                    let first = next(stages as u64) as u32;
+                    let last = first + next((stages - first) as u64) as u32;
+                    request(&format!("b{k}"), 1 + next(6), first, last)
+                })
+                .collect();
+            let greedy = ArenaPlan::layout(&requests, Vec::new(), String::new());
+            let best = ArenaPlan::layout_best(&requests, Vec::new(), String::new());
+            best.validate().unwrap();
+            assert!(best.arena_bytes <= greedy.arena_bytes);
+            assert!(best.arena_bytes >= best.peak_live_bytes);
+            strictly_better += (best.arena_bytes < greedy.arena_bytes) as usize;
+        }
+        println!("smaller than largest-first in {strictly_better} of 200");
+    }
 }

@@ -405,6 +405,97 @@ fn programs_cover_every_stage() {
     }
 }
 
+/// Elementwise stages write over an input that dies with them, a residual Add folded into the
+/// convolution before it writes over its other addend (no GPU needed to plan): some stage
+/// output shares its input's address, the plan still validates, and the real tiny at 1080p in
+/// fp16 (when the fixture is here) peaks at two full-resolution 16-channel buffers (191 MiB,
+/// three of them, before).
+#[test]
+fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
+    let spec = NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like")
+        .unwrap()
+        .specialise(96, 160)
+        .unwrap();
+    let p = gsttoonflow::cuda::neural::program::build(
+        &spec,
+        &Storage::uniform(spec.stage_count(), true),
+        0,
+        0,
+    )
+    .unwrap();
+    p.arena.validate().unwrap();
+    let addrs: Vec<u64> = p.stage_outputs.iter().flatten().map(|o| o.addr).collect();
+    let shared = (1..addrs.len()).any(|i| addrs[..i].contains(&addrs[i]));
+    assert!(shared, "no stage output was written in place");
+    let Some(tiny) = real_tiny() else {
+        println!("the real AnimeGANv3 tiny fixture is not here: its 1080p plan not checked");
+        return;
+    };
+    let spec = tiny.specialise(1088, 1920).unwrap();
+    let p = gsttoonflow::cuda::neural::program::build(
+        &spec,
+        &Storage::uniform(spec.stage_count(), true),
+        0,
+        0,
+    )
+    .unwrap();
+    p.arena.validate().unwrap();
+    let full = 1088 * 1920 * 16 * 2;
+    let mib = p.arena.arena_bytes as f64 / 1048576.0;
+    println!(
+        "AnimeGANv3_tiny_Cute 1920x1088 fp16: arena {mib:.1} MiB, {} launches",
+        p.launches.len()
+    );
+    assert!(
+        p.arena.arena_bytes <= 2 * full + (1 << 20),
+        "arena {mib:.1} MiB"
+    );
+}
+
+/// The normalizations' elementwise chains take nn_eltwise's affine path (no GPU needed to plan).
+#[test]
+fn normalization_chains_take_the_affine_path() {
+    use gsttoonflow::cuda::neural::program::{Kernel, NnEltwise};
+    let mut models = vec![
+        NeuralModel::from_bytes(&encode_model(&hayao_like()), "hayao_like").unwrap(),
+        NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like").unwrap(),
+    ];
+    models.extend(real_tiny());
+    for model in &models {
+        let spec = model.specialise(96, 160).unwrap();
+        let p = gsttoonflow::cuda::neural::program::build(
+            &spec,
+            &Storage::uniform(spec.stage_count(), true),
+            0,
+            0,
+        )
+        .unwrap();
+        let chains: Vec<(i32, i32)> = p
+            .launches
+            .iter()
+            .filter(|l| l.kernel == Kernel::Eltwise)
+            .map(|l| {
+                // static base 0: a parameter block's address is its offset
+                let at = l.params as usize;
+                let e: NnEltwise = bytemuck::pod_read_unaligned(
+                    &p.static_init[at..at + std::mem::size_of::<NnEltwise>()],
+                );
+                (e.affine_x, e.n_ops)
+            })
+            .collect();
+        let affine = chains.iter().filter(|c| c.0 >= 0).count();
+        println!(
+            "{}: {affine} of {} elementwise launches affine (ops per chain {:?})",
+            model.name(),
+            chains.len(),
+            chains.iter().map(|c| c.1).collect::<Vec<_>>()
+        );
+        if model.name() != "tiny_like" {
+            assert!(affine > 0, "{}: no affine chain", model.name());
+        }
+    }
+}
+
 /// f32 → f16 bits against nprec's emulation (round to nearest even) over many magnitudes.
 #[test]
 fn half_conversion_rounds_to_nearest_even() {

@@ -31,6 +31,9 @@ pub const CONV_BLOCK: (u32, u32) = (32, 4);
 pub const TC_ROWS: u32 = 4;
 pub const TC_COLS: u32 = 32;
 pub const MMA_NT: u32 = 8;
+/// Blocks below which a tensor-core launch splits its output channels over more blocks (about
+/// four per SM of a large GPU).
+pub const TC_MIN_BLOCKS: u32 = 512;
 const TC_PIX: usize = 24;
 pub const TC_TILE_HALVES: usize = 14336;
 pub const MOMENTS_THREADS: u32 = 256;
@@ -39,7 +42,7 @@ pub const ELEMENTWISE_THREADS: u32 = 256;
 pub const EW_MAX_OPS: usize = 16;
 pub const EW_MAX_OPERANDS: usize = 8;
 /// Elements one elementwise thread computes along the last axis (when it divides that axis).
-pub const EW_VEC: usize = 4;
+pub const EW_VEC: usize = 8;
 
 // Elementwise opcodes (binary first, then unary from NN_EW_FIRST_UNARY).
 const EW_ADD: i32 = 1;
@@ -80,6 +83,9 @@ pub struct NnConv {
     /// A Resize folded into the input gather: its taps (as `NnResize::taps`, for the resized
     /// h x w_in) and `x` is the Resize's input of rs_h x rs_w per channel; 0: no Resize.
     pub rs_taps: u64,
+    /// Tensor-core path: a residual Add folded into the epilogue: the other addend, read at
+    /// the output's own index (the output may be written over it), or 0.
+    pub res: u64,
     /// Tensor-core path: cin rounded up to 16, output channel tiles of 8.
     pub cin_pad: i32,
     pub n_tiles: i32,
@@ -124,6 +130,10 @@ pub struct NnConv {
     pub y_rs: i32,
     pub y_ps: i32,
     pub y_round: i32,
+    /// Whether `res` is fp16.
+    pub res_half: i32,
+    /// Keeps the block a multiple of 8 bytes.
+    pub reserved: i32,
 }
 }
 
@@ -192,6 +202,10 @@ pub struct NnEltwise {
     pub op_p1: [f32; EW_MAX_OPS],
     pub n_ops: i32,
     pub y_half: i32,
+    /// The affine path (`affine_chain`): the operand the chain is affine in, or -1; and the
+    /// ops of the affine part (the rest are unary).
+    pub affine_x: i32,
+    pub affine_ops: i32,
 }
 }
 
@@ -543,12 +557,35 @@ fn tc_tile_fits(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> bool 
     tc_tile_halves(k, stride, dil) <= TC_TILE_HALVES
 }
 
-/// Halves of shared memory a tensor-core convolution block stages (its launch's dynamic
-/// shared memory: small tiles let more blocks share an SM).
-fn tc_tile_halves(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usize {
+/// Pixels of a tensor-core convolution block's input tile (its outputs and the halo its taps
+/// read).
+fn tc_tile_pixels(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usize {
     let rows = (TC_ROWS as usize - 1) * stride.0 as usize + (k.0 - 1) * dil.0 as usize + 1;
     let cols = (TC_COLS as usize - 1) * stride.1 as usize + (k.1 - 1) * dil.1 as usize + 1;
-    rows * cols * TC_PIX
+    rows * cols
+}
+
+/// Halves of shared memory a tensor-core convolution block stages.
+fn tc_tile_halves(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usize {
+    tc_tile_pixels(k, stride, dil) * TC_PIX
+}
+
+/// A tensor-core convolution launch's dynamic shared memory: the tile, then the table of where
+/// each tile pixel comes from (two i32 each). Small tiles let more blocks share an SM.
+fn tc_shared_bytes(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> u32 {
+    (tc_tile_halves(k, stride, dil) * 2 + tc_tile_pixels(k, stride, dil) * 8) as u32
+}
+
+/// 8-channel tiles per tensor-core block: the fewest power of two that covers `n_tiles` (at most
+/// MMA_NT), halved while the launch would have fewer than TC_MIN_BLOCKS blocks (small, deep
+/// layers: more blocks, each gathering the same input tile for fewer output channels, beat a
+/// few blocks that leave most SMs idle).
+pub fn tc_channel_tiles(n_tiles: u32, pixel_blocks: u32) -> u32 {
+    let mut nt = n_tiles.next_power_of_two().min(MMA_NT);
+    while nt > 1 && pixel_blocks * n_tiles.div_ceil(nt) < TC_MIN_BLOCKS {
+        nt /= 2;
+    }
+    nt
 }
 
 /// The Conv node of a conv stage and its (kernel, strides, dilations, groups), when its weights
@@ -588,11 +625,16 @@ struct Folds {
     input: HashMap<usize, (usize, Gather)>,
     /// conv stage → the NCHW → NHWC Transpose after it, folded into its epilogue.
     output: HashMap<usize, usize>,
+    /// conv stage → (the residual Add stage after it, folded into its epilogue, and the Add's
+    /// other addend).
+    residual: HashMap<usize, (usize, String)>,
 }
 
 impl Folds {
     fn folded(&self, stage: usize) -> bool {
-        self.input.values().any(|&(r, _)| r == stage) || self.output.values().any(|&t| t == stage)
+        self.input.values().any(|&(r, _)| r == stage)
+            || self.output.values().any(|&t| t == stage)
+            || self.residual.values().any(|(a, _)| *a == stage)
     }
 }
 
@@ -671,9 +713,120 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
             && next.outputs.first() == Some(&l.output)
         {
             f.output.insert(i, i + 1);
+            continue;
+        }
+        // a residual Add of the convolution's output and a tensor of the same shape, neither
+        // the convolution's input nor the source of its folded gather (so the Add's output
+        // may be written over the addend while other blocks still gather)
+        let [add] = next.nodes.as_slice() else {
+            continue;
+        };
+        let source = f
+            .input
+            .get(&i)
+            .map(|&(r, _)| &l.stages[r].nodes[0].input[0]);
+        let x = s.nodes.first().map(|n| &n.input[0]);
+        let skip = match add.input.as_slice() {
+            [a, b] if a == out && b != out => b,
+            [a, b] if b == out && a != out => a,
+            _ => continue,
+        };
+        if on_tensor_cores(s)
+            && reads_half
+            && s.outputs.len() == 1
+            && only_reader(l, out) == Some(i + 1)
+            && next.kind == StageKind::Elementwise
+            && add.op_type == "Add"
+            && next.outputs.len() == 1
+            && next.outputs[0] != l.output
+            && l.shapes
+                .get(skip)
+                .is_some_and(|sh| Some(sh) == l.shapes.get(out))
+            && half_of.contains_key(skip)
+            && Some(skip) != x
+            && Some(skip) != source
+        {
+            f.residual.insert(i, (i + 1, skip.clone()));
         }
     }
     f
+}
+
+/// Elementwise stages that write their output over an input of theirs (output → that input):
+/// an input of the same shape and storage whose last reader is this stage. Each thread of
+/// `nn_eltwise` reads all its operands' elements before it writes the same elements of the
+/// output, so the input's buffer can take the output (a full-resolution residual add or
+/// normalization then needs two buffers live instead of three).
+fn in_place_outputs(
+    l: &Lowered,
+    half_of: &HashMap<String, bool>,
+    stored: &dyn Fn(&str) -> bool,
+    last: &dyn Fn(&str, u32) -> u32,
+) -> HashMap<String, String> {
+    let mut hosts = HashMap::new();
+    for (i, s) in l.stages.iter().enumerate() {
+        let [o] = s.outputs.as_slice() else {
+            continue;
+        };
+        if s.kind != StageKind::Elementwise || *o == l.output || !stored(o) {
+            continue;
+        }
+        let host = s.inputs.iter().find(|v| {
+            **v != l.input
+                && **v != l.output
+                && stored(v)
+                && l.shapes.contains_key(*v)
+                && l.shapes.get(*v) == l.shapes.get(o)
+                && half_of.get(*v) == half_of.get(o)
+                && last(v, 0) == i as u32
+        });
+        if let Some(v) = host {
+            hosts.insert(o.clone(), v.clone());
+        }
+    }
+    hosts
+}
+
+/// Whether an elementwise chain is affine in one operand X: X full-size and contiguous like the
+/// output, every other operand constant along the last axis; Add and Sub of anything, Mul with
+/// one side free of X, Div by something free of X, unary ops of X-free values, up to the first
+/// unary op of an X-dependent value, after which only unary ops of the chain's value follow.
+/// Returns (X, ops of the affine part); `nn_eltwise` then folds each thread's constants into
+/// a * X + b once instead of interpreting the chain per value.
+pub fn affine_chain(p: &NnEltwise, operands: usize) -> Option<(usize, usize)> {
+    let strides = |r: usize| &p.strides[4 * r..4 * r + 4];
+    let dims = p.dims.map(|d| d as usize);
+    let out = contiguous_strides(&dims).map(|s| s as i32);
+    let full = |r: usize| (0..4).all(|a| dims[a] == 1 || strides(r)[a] == out[a]);
+    let mut xs = (0..operands).filter(|&r| full(r));
+    let x = xs.next()?;
+    if xs.next().is_some() || (0..operands).any(|r| r != x && strides(r)[3] != 0 && dims[3] != 1) {
+        return None;
+    }
+    let n_ops = p.n_ops as usize;
+    // whether the chain's value so far depends on X
+    let mut cur = false;
+    for o in 0..n_ops {
+        let dep = |r: i32| if r < 0 { cur } else { r as usize == x };
+        let (a, b) = (dep(p.op_a[o]), dep(p.op_b[o]));
+        let code = p.op_code[o];
+        if code >= EW_FIRST_UNARY {
+            if !a {
+                cur = false;
+                continue;
+            }
+            // the affine part ends: only unary ops of the chain's value may follow
+            let tail = (o..n_ops).all(|k| p.op_code[k] >= EW_FIRST_UNARY && p.op_a[k] < 0);
+            return (o > 0 && p.op_a[o] < 0 && tail).then_some((x, o));
+        }
+        cur = match code {
+            EW_ADD | EW_SUB => a || b,
+            EW_MUL if !(a && b) => a || b,
+            EW_DIV if !b => a,
+            _ => return None,
+        };
+    }
+    cur.then_some((x, n_ops))
 }
 
 /// Builds the program of `spec` with `storage`, at the given bases (0, 0 to size it).
@@ -739,6 +892,10 @@ pub fn build(
         not_stored.insert(l.stages[conv].outputs[0].as_str(), ());
         written_by.insert(l.stages[t].outputs[0].as_str(), conv as u32);
     }
+    for (&conv, (add, _)) in &folds.residual {
+        not_stored.insert(l.stages[conv].outputs[0].as_str(), ());
+        written_by.insert(l.stages[*add].outputs[0].as_str(), conv as u32);
+    }
     let bytes_of = |v: &str| elements(v) * if half_of.get(v) == Some(&true) { 2 } else { 4 };
     let last = |v: &str, first: u32| {
         last_use
@@ -746,18 +903,29 @@ pub fn build(
             .map_or(first, |&x| x.max(first))
             .min(last_stage)
     };
+    let stored = |v: &str| !stat_values.contains_key(v) && !not_stored.contains_key(v);
+    let in_place = in_place_outputs(l, &half_of, &stored, &last);
     let mut requests = vec![BufferRequest {
         name: l.input.clone(),
         bytes: bytes_of(&l.input),
         first: 0,
         last: last(&l.input, 0),
     }];
+    let mut request_of: HashMap<&str, usize> = HashMap::new();
     for (i, s) in l.stages.iter().enumerate() {
         for o in &s.outputs {
-            if stat_values.contains_key(o) || not_stored.contains_key(o.as_str()) {
+            if !stored(o) {
+                continue;
+            }
+            if let Some(host) = in_place.get(o.as_str()) {
+                // the buffer of the input it overwrites lives on as this output
+                let r = request_of[host.as_str()];
+                requests[r].last = requests[r].last.max(last(o, i as u32));
+                request_of.insert(o.as_str(), r);
                 continue;
             }
             let first = written_by.get(o.as_str()).copied().unwrap_or(i as u32);
+            request_of.insert(o.as_str(), requests.len());
             requests.push(BufferRequest {
                 name: o.clone(),
                 bytes: bytes_of(o),
@@ -773,7 +941,7 @@ pub fn build(
         .map(|(i, s)| format!("{i} {} {}", s.kind.label(), s.name))
         .collect();
     let halves = storage.half.iter().filter(|&&h| h).count();
-    let arena = ArenaPlan::layout(
+    let arena = ArenaPlan::layout_best(
         &requests,
         names,
         format!(
@@ -791,6 +959,15 @@ pub fn build(
                 elements: elements(&b.name),
             },
         );
+    }
+    // in stage order, so a chain of in-place outputs finds its buffer
+    for s in &l.stages {
+        for o in &s.outputs {
+            if let Some(host) = in_place.get(o.as_str()) {
+                let p = places[host.as_str()];
+                places.insert(o.clone(), p);
+            }
+        }
     }
 
     let mut st = Statics {
@@ -904,17 +1081,27 @@ pub fn build(
                     .outputs
                     .first()
                     .ok_or_else(|| unsupported(i, s, "no output"))?;
-                // a Transpose folded into the epilogue: the convolution writes its output
-                let (y, y_nhwc) = match folds.output.get(&i) {
-                    Some(&t) => (places[&l.stages[t].outputs[0]], true),
-                    None => (
+                // a Transpose or residual Add folded into the epilogue: the convolution writes
+                // its output
+                let residual = folds.residual.get(&i);
+                let (y, y_nhwc) = match (folds.output.get(&i), residual) {
+                    (Some(&t), _) => (places[&l.stages[t].outputs[0]], true),
+                    (None, Some((a, _))) => (places[&l.stages[*a].outputs[0]], false),
+                    (None, None) => (
                         *places
                             .get(out)
                             .ok_or_else(|| unsupported(i, s, "output not planned"))?,
                         false,
                     ),
                 };
-                let y_round = y_nhwc && half_of.get(out.as_str()) == Some(&true) && !y.half;
+                let res = match residual {
+                    Some((_, skip)) => Some(place(&places, &mut st, skip)?),
+                    None => None,
+                };
+                // the convolution's value as its own fp16 storage would hold it, before the
+                // folded stage (unless the store rounds anyway)
+                let y_round = half_of.get(out.as_str()) == Some(&true)
+                    && ((y_nhwc && !y.half) || res.is_some());
                 let ys = l.shapes[out].clone();
                 if xs.len() != 4 || ys.len() != 4 || xs[0] != 1 {
                     return Err(unsupported(i, s, format!("convolution of shape {xs:?}")));
@@ -1043,7 +1230,7 @@ pub fn build(
                     && groups == 1
                     && tc_tile_fits((kh, kw), (sh, sw), (dh, dw));
                 debug_assert!(
-                    mma || (resize.is_none() && !nhwc && !y_nhwc),
+                    mma || (resize.is_none() && !nhwc && !y_nhwc && res.is_none()),
                     "a folded stage needs tensor cores"
                 );
                 let (h, w) = (xs[2] as i32, xs[3] as i32);
@@ -1077,6 +1264,7 @@ pub fn build(
                     b: b_addr,
                     wh,
                     rs_taps: resize.as_ref().map_or(0, |r| r.0),
+                    res: res.map_or(0, |r| r.addr),
                     cin_pad: cin_pad as i32,
                     n_tiles: n_tiles as i32,
                     cin: cin as i32,
@@ -1113,15 +1301,16 @@ pub fn build(
                     y_rs,
                     y_ps,
                     y_round: y_round as i32,
+                    res_half: res.is_some_and(|r| r.half) as i32,
+                    reserved: 0,
                 };
                 if mma {
-                    // the fewest 8-channel tiles per block that cover cout (at most MMA_NT)
-                    let nt = (n_tiles as u32).next_power_of_two().min(MMA_NT);
-                    let grid = (
+                    let (gx, gy) = (
                         (ys[3] as u32).div_ceil(TC_COLS),
                         (ys[2] as u32).div_ceil(TC_ROWS),
-                        (n_tiles as u32).div_ceil(nt),
                     );
+                    let nt = tc_channel_tiles(n_tiles as u32, gx * gy);
+                    let grid = (gx, gy, (n_tiles as u32).div_ceil(nt));
                     blocks.push((
                         Kernel::ConvMma(y.half, nt as u8),
                         bytemuck::bytes_of(&p).to_vec(),
@@ -1221,6 +1410,9 @@ pub fn build(
                         i,
                     ));
                 }
+            }
+            StageKind::Elementwise if folds.folded(i) => {
+                // a residual Add folded into the convolution before it
             }
             StageKind::Elementwise => {
                 let out = s
@@ -1357,6 +1549,10 @@ pub fn build(
                 }
                 p.n_ops = s.nodes.len() as i32;
                 let per_thread = if od[3] % EW_VEC == 0 { EW_VEC } else { 1 };
+                (p.affine_x, p.affine_ops) = match affine_chain(&p, operands.len()) {
+                    Some((x, ops)) if per_thread == EW_VEC => (x as i32, ops as i32),
+                    _ => (-1, 0),
+                };
                 let total = (od.iter().product::<usize>() / per_thread) as u64;
                 blocks.push((
                     Kernel::Eltwise,
@@ -1539,12 +1735,11 @@ pub fn build(
         let shared = match kernel {
             Kernel::ConvMma(..) => {
                 let p: NnConv = bytemuck::pod_read_unaligned(&bytes);
-                let halves = tc_tile_halves(
+                tc_shared_bytes(
                     (p.kh as usize, p.kw as usize),
                     (p.sh as i64, p.sw as i64),
                     (p.dh as i64, p.dw as i64),
-                );
-                (halves * 2) as u32
+                )
             }
             _ => 0,
         };
@@ -1759,4 +1954,77 @@ pub fn f32_to_f16_bits(v: f32) -> u16 {
 /// Launches a frame of `program` takes.
 pub fn launches_per_frame(program: &Program) -> u32 {
     program.launches.len() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_tiles_cover_cout_and_split_small_launches() {
+        // a large layer keeps the widest block that covers its channels
+        assert_eq!(tc_channel_tiles(2, 16320), 2);
+        assert_eq!(tc_channel_tiles(3, 16320), 4);
+        assert_eq!(tc_channel_tiles(32, 4050), 8);
+        // 68 pixel blocks of a 128-channel layer (16 tiles): split until >= TC_MIN_BLOCKS
+        let nt = tc_channel_tiles(16, 68);
+        assert_eq!(nt, 2);
+        assert!(68 * 16u32.div_ceil(nt) >= TC_MIN_BLOCKS);
+        // never below one tile per block, even when the launch stays small
+        assert_eq!(tc_channel_tiles(1, 4), 1);
+        assert_eq!(tc_channel_tiles(8, 1), 1);
+    }
+
+    /// A chain over a [1, 16, 4, 8] output: operand 0 full-size, the others per channel.
+    fn chain(ops: &[(i32, i32, i32)], operands: usize) -> NnEltwise {
+        let mut p: NnEltwise = bytemuck::Zeroable::zeroed();
+        p.dims = [1, 16, 4, 8];
+        p.strides[..4].copy_from_slice(&[512, 32, 8, 1]);
+        for r in 1..operands {
+            p.strides[4 * r..4 * r + 4].copy_from_slice(&[16, 1, 0, 0]);
+        }
+        for (k, &(code, a, b)) in ops.iter().enumerate() {
+            (p.op_code[k], p.op_a[k], p.op_b[k]) = (code, a, b);
+        }
+        p.n_ops = ops.len() as i32;
+        p
+    }
+
+    #[test]
+    fn affine_chains_are_recognised() {
+        // ((x - m) / s) * t + u, then LeakyRelu: affine in operand 0 for 4 ops
+        let norm = [
+            (EW_SUB, 0, 1),
+            (EW_DIV, -1, 2),
+            (EW_MUL, -1, 3),
+            (EW_ADD, -1, 4),
+            (EW_LEAKY, -1, -1),
+        ];
+        assert_eq!(affine_chain(&chain(&norm, 5), 5), Some((0, 4)));
+        assert_eq!(affine_chain(&chain(&norm[..4], 5), 5), Some((0, 4)));
+        // a constant's square root on the way is fine: s * sqrt(t) - x
+        let c = [(EW_SQRT, 2, -1), (EW_MUL, 1, -1), (EW_SUB, -1, 0)];
+        assert_eq!(affine_chain(&chain(&c, 3), 3), Some((0, 3)));
+        // x * x, division by x, x under a unary op first, a binary op after the unary tail
+        assert_eq!(affine_chain(&chain(&[(EW_MUL, 0, 0)], 1), 1), None);
+        assert_eq!(affine_chain(&chain(&[(EW_DIV, 1, 0)], 2), 2), None);
+        assert_eq!(affine_chain(&chain(&[(EW_RELU, 0, -1)], 1), 1), None);
+        let tail = [(EW_ADD, 0, 1), (EW_RELU, -1, -1), (EW_ADD, -1, 1)];
+        assert_eq!(affine_chain(&chain(&tail, 2), 2), None);
+        // an operand that varies along the last axis, or two full-size operands
+        let mut p = chain(&[(EW_ADD, 0, 1)], 2);
+        p.strides[4..8].copy_from_slice(&[0, 0, 0, 1]);
+        assert_eq!(affine_chain(&p, 2), None);
+        let mut p = chain(&[(EW_ADD, 0, 1)], 2);
+        p.strides[4..8].copy_from_slice(&[512, 32, 8, 1]);
+        assert_eq!(affine_chain(&p, 2), None);
+    }
+
+    #[test]
+    fn shared_memory_holds_the_tile_and_its_source_table() {
+        // 3x3 stride 1: 6 rows x 34 columns, 48 bytes of tile and 8 of table per pixel
+        assert_eq!(tc_shared_bytes((3, 3), (1, 1), (1, 1)), 6 * 34 * 56);
+        // the largest tile that takes the tensor cores still fits 48 KiB without opt-in
+        const { assert!(TC_TILE_HALVES * 2 + TC_TILE_HALVES / TC_PIX * 8 <= 48 * 1024) };
+    }
 }
