@@ -650,14 +650,17 @@ fn the_element_runs_the_network_on_the_gpu() {
         );
         assert_eq!(s.get::<&str>("backend").unwrap(), "cuda");
         assert_eq!(s.get::<u32>("stages").unwrap(), 38);
-        // fp16 on tensor cores (sm_80+): tiny_like's four Resizes and two layout Transposes fold
-        // into their convolutions
-        let folded = if precision == "fp16" && launches != 38 {
-            6
+        // At model-scale 1 the frame kernels (NV12 in, scene gate, output filter) run on the
+        // device beside the network. fp32 launches every stage; fp16 on tensor cores (sm_80+)
+        // folds Resizes, layout Transposes and residual Adds into convolutions (the exact
+        // folds are checked on the program in the tests above).
+        let frame_kernels = gsttoonflow::cuda::neural_frame::KERNEL_NAMES.len() as u32;
+        let network = launches - frame_kernels;
+        if precision == "fp32" {
+            assert_eq!(network, 38);
         } else {
-            0
-        };
-        assert_eq!(launches, 38 - folded);
+            assert!(network <= 38, "fp16 network launches {network}");
+        }
         assert!(s.get::<bool>("graph-replayed").unwrap());
         assert!(
             d <= mean_max && max <= code_max,
