@@ -20,7 +20,8 @@
 //   nn_copy            strided 4-D copy (Transpose, Concat, Reshape and friends) with conversion
 //   nn_resize          separable resize of the last two axes from host-computed taps
 //   nn_softmax         softmax over rows (one block per row)
-//   nn_nv12_to_tensor / nn_tensor_to_nv12: the frame conversions at model-scale 1
+//   (the element's NV12 conversions and output filter are in neural_frame.cu; the fp16
+//   storage helpers in fp16.cuh, prepended by the host)
 
 #define NN_ACT_NONE 0
 #define NN_ACT_RELU 1
@@ -29,32 +30,18 @@
 #define NN_ACT_TANH 4
 #define NN_ACT_CLIP 5
 
-__device__ __forceinline__ float nn_h2f(unsigned short h)
-{
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
-__device__ __forceinline__ unsigned short nn_f2h(float v)
-{
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    return h;
-}
-
 // Loads element i of a buffer stored as half (is_half) or float.
 __device__ __forceinline__ float nn_load(unsigned long long p, long long i, int is_half)
 {
     if (is_half)
-        return nn_h2f(__ldg((const unsigned short*)p + i));
+        return half_bits_to_float(__ldg((const unsigned short*)p + i));
     return __ldg((const float*)p + i);
 }
 
 __device__ __forceinline__ void nn_store(unsigned long long p, long long i, int is_half, float v)
 {
     if (is_half)
-        ((unsigned short*)p)[i] = nn_f2h(v);
+        ((unsigned short*)p)[i] = float_to_half_bits(v);
     else
         ((float*)p)[i] = v;
 }
@@ -69,11 +56,11 @@ struct NnF16 {
     typedef unsigned short T;
     static __device__ __forceinline__ float load(const unsigned short* p, long long i)
     {
-        return nn_h2f(__ldg(p + i));
+        return half_bits_to_float(__ldg(p + i));
     }
     static __device__ __forceinline__ void store(unsigned short* p, long long i, float v)
     {
-        p[i] = nn_f2h(v);
+        p[i] = float_to_half_bits(v);
     }
 };
 
@@ -296,7 +283,7 @@ __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc
 #pragma unroll 4
         for (int c = 0; c < 16; c++) {
             const int ic = kc * 16 + c;
-            h[c] = ic < cin ? nn_f2h(nn_resize_value(p->x, 1, ic * rplane, tp)) : (unsigned short)0;
+            h[c] = ic < cin ? float_to_half_bits(nn_resize_value(p->x, 1, ic * rplane, tp)) : (unsigned short)0;
         }
     } else {
         const long long off = (long long)at.x * p->x_rs + (long long)at.y * p->x_ps;
@@ -305,7 +292,7 @@ __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc
 #pragma unroll
             for (int c = 0; c < 16; c++) {
                 const int ic = kc * 16 + c;
-                h[c] = ic < cin ? nn_f2h(__ldg(xf + (long long)ic * p->x_cs)) : (unsigned short)0;
+                h[c] = ic < cin ? float_to_half_bits(__ldg(xf + (long long)ic * p->x_cs)) : (unsigned short)0;
             }
         } else {
             const unsigned short* __restrict__ x = (const unsigned short*)p->x + off;
@@ -338,7 +325,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const int npx = rows * cols;
     const int py0 = oy0 * p->sh - p->conv_pt, px0 = ox0 * p->sw - p->conv_pl;
     const uint2* __restrict__ wf = (const uint2*)p->wh;
-    const unsigned short fill_bits = nn_f2h(p->pad_value);
+    const unsigned short fill_bits = float_to_half_bits(p->pad_value);
     // the pixel table sits after the tile (npx * 48 bytes, a multiple of 16)
     int2* source = (int2*)(tile + npx * NN_TC_PIX);
     for (int e = threadIdx.x; e < npx; e += blockDim.x) {
@@ -435,7 +422,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                         continue;
                     float v = nn_activate(acc[m][n][2 * r + j] + bias, p->act, p->act_a, p->act_b);
                     if (p->y_round) // a folded output Transpose or Add after an fp16-stored stage
-                        v = nn_h2f(nn_f2h(v));
+                        v = half_bits_to_float(float_to_half_bits(v));
                     const long long at = (long long)oc * p->y_cs + row + (long long)ox * p->y_ps;
                     if (p->res) // a folded residual Add: this thread alone reads and writes `at`
                         v += nn_load(p->res, at, p->res_half);
@@ -510,8 +497,8 @@ extern "C" __global__ void nn_moments(const NnMoments* __restrict__ p)
             float fs = 0.0f, fss = 0.0f;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const float lo = nn_h2f((unsigned short)(w[k] & 0xffffu));
-                const float hi = nn_h2f((unsigned short)(w[k] >> 16));
+                const float lo = half_bits_to_float((unsigned short)(w[k] & 0xffffu));
+                const float hi = half_bits_to_float((unsigned short)(w[k] >> 16));
                 fs += lo + hi;
                 fss += lo * lo + hi * hi;
             }
@@ -717,8 +704,8 @@ __device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long 
             const unsigned int w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                v[j + 2 * k] = nn_h2f((unsigned short)(w[k] & 0xffffu));
-                v[j + 2 * k + 1] = nn_h2f((unsigned short)(w[k] >> 16));
+                v[j + 2 * k] = half_bits_to_float((unsigned short)(w[k] & 0xffffu));
+                v[j + 2 * k + 1] = half_bits_to_float((unsigned short)(w[k] >> 16));
             }
         }
     } else {
@@ -736,10 +723,10 @@ __device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long 
 #pragma unroll
         for (int j = 0; j < V; j += 8) {
             uint4 q;
-            q.x = nn_pack2(nn_f2h(v[j]), nn_f2h(v[j + 1]));
-            q.y = nn_pack2(nn_f2h(v[j + 2]), nn_f2h(v[j + 3]));
-            q.z = nn_pack2(nn_f2h(v[j + 4]), nn_f2h(v[j + 5]));
-            q.w = nn_pack2(nn_f2h(v[j + 6]), nn_f2h(v[j + 7]));
+            q.x = nn_pack2(float_to_half_bits(v[j]), float_to_half_bits(v[j + 1]));
+            q.y = nn_pack2(float_to_half_bits(v[j + 2]), float_to_half_bits(v[j + 3]));
+            q.z = nn_pack2(float_to_half_bits(v[j + 4]), float_to_half_bits(v[j + 5]));
+            q.w = nn_pack2(float_to_half_bits(v[j + 6]), float_to_half_bits(v[j + 7]));
             *(uint4*)((unsigned short*)s.y + i + j) = q;
         }
     } else {

@@ -17,20 +17,6 @@
 
 #define NF_BLOCK 256
 
-__device__ __forceinline__ float nf_h2f(unsigned short h)
-{
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
-__device__ __forceinline__ unsigned short nf_f2h(float v)
-{
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    return h;
-}
-
 // Sum of a block's values in thread 0 (blockDim.x == NF_BLOCK).
 __device__ __forceinline__ float nf_block_sum(float v, float* shared)
 {
@@ -229,7 +215,7 @@ extern "C" __global__ void nf_tensor_to_nv12(const NfFrame* p)
             const unsigned short* slot = ring + (long long)ctl->recent[k] * 3 * plane;
             float fk[3];
             for (int c = 0; c < 3; c++)
-                fk[c] = nf_h2f(slot[c * plane + pixel]);
+                fk[c] = half_bits_to_float(slot[c * plane + pixel]);
             const float d0 = fk[0] - f0[0], d1 = fk[1] - f0[1], d2 = fk[2] - f0[2];
             const float dy = kr * d0 + kg * d1 + kb * d2;
             const float dl = p->luma_units * dy;
@@ -245,7 +231,7 @@ extern "C" __global__ void nf_tensor_to_nv12(const NfFrame* p)
         if (ctl->write_slot >= 0) {
             unsigned short* slot = ring + (long long)ctl->write_slot * 3 * plane;
             for (int c = 0; c < 3; c++)
-                slot[c * plane + pixel] = nf_f2h(f0[c]);
+                slot[c * plane + pixel] = float_to_half_bits(f0[c]);
         }
         const float r = acc[0] / wsum, g = acc[1] / wsum, b = acc[2] / wsum;
         const float yv = kr * r + kg * g + kb * b;

@@ -21,6 +21,15 @@ pub const KERNEL_SOURCE: &str = include_str!("../../kernels/toonflow.cu");
 /// The name NVRTC and its log give the translation unit.
 pub const KERNEL_FILE: &str = "toonflow.cu";
 
+/// fp16 storage helpers shared by the neural kernel files (kernels/fp16.cuh).
+pub const FP16_HELPERS: &str = include_str!("../../kernels/fp16.cuh");
+
+/// The body of a neural translation unit: the fp16 helpers, then `source` (as `file` in
+/// NVRTC's messages).
+pub fn with_fp16_helpers(file: &str, source: &str) -> String {
+    format!("#line 1 \"fp16.cuh\"\n{FP16_HELPERS}\n#line 1 \"{file}\"\n{source}")
+}
+
 /// Names of the kernels in `toonflow.cu`.
 pub const KERNEL_NAMES: [&str; 7] = [
     "tf_unpack",

@@ -120,7 +120,10 @@ pub fn full_source() -> String {
             NfState::c_declaration(),
         ],
     );
-    format!("{header}\n#line 1 \"{KERNEL_FILE}\"\n{KERNEL_SOURCE}")
+    format!(
+        "{header}\n{}",
+        crate::cuda::kernels::with_fp16_helpers(KERNEL_FILE, KERNEL_SOURCE)
+    )
 }
 
 static PTX_CACHE: Lazy<Mutex<HashMap<String, String>>> = Lazy::new(|| Mutex::new(HashMap::new()));

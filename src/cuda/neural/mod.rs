@@ -41,8 +41,9 @@ pub use program::KERNEL_NAMES;
 /// The translation unit NVRTC sees: the generated ABI ([`program::header`]), then neural.cu.
 pub fn full_source() -> String {
     format!(
-        "{}\n#line 1 \"{KERNEL_FILE}\"\n{KERNEL_SOURCE}",
-        program::header()
+        "{}\n{}",
+        program::header(),
+        crate::cuda::kernels::with_fp16_helpers(KERNEL_FILE, KERNEL_SOURCE)
     )
 }
 
