@@ -5,6 +5,8 @@
 //! (src/cuda/fault.rs), so the tests of this file switch it in turn inside one test.
 
 mod common;
+#[path = "common/onnx_models.rs"]
+mod onnx_models;
 
 use common::*;
 use gst::prelude::*;
@@ -17,10 +19,20 @@ fn set_fault(v: &str) {
 /// Runs `toonflow <props>` over 30 frames of 320x240; returns the bus messages and whether EOS
 /// was reached, and the element's stats.
 fn run(props: &str) -> (Vec<gst::Message>, bool, gst::Structure) {
+    run_frames(props, 30, 320, 240)
+}
+
+/// `run` over `frames` frames of `width`x`height`.
+fn run_frames(
+    props: &str,
+    frames: u32,
+    width: u32,
+    height: u32,
+) -> (Vec<gst::Message>, bool, gst::Structure) {
     init();
     let p = gst::parse::launch(&format!(
-        "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240 ! \
-         toonflow name=t {props} ! fakesink"
+        "videotestsrc num-buffers={frames} pattern=ball ! \
+         video/x-raw,format=NV12,width={width},height={height} ! toonflow name=t {props} ! fakesink"
     ))
     .unwrap()
     .downcast::<gst::Pipeline>()
@@ -122,6 +134,72 @@ fn faults_give_clear_errors_or_logged_fallbacks() {
     );
 
     set_shape_recovers_from_a_failed_allocation();
+    the_network_keeps_the_same_guarantees();
+}
+
+/// The same faults with `model=`: the network's kernels fail to compile, its arena cannot be
+/// allocated, its graph capture fails, its plan exceeds max-device-memory.
+fn the_network_keeps_the_same_guarantees() {
+    let dir = TempDir::new("cuda-faults-model");
+    let path = dir.path("tiny_like.onnx");
+    std::fs::write(
+        &path,
+        gsttoonflow::neural::onnx::encode_model(&onnx_models::tiny_like()),
+    )
+    .unwrap();
+    // Small frames and few of them: backend=auto falls back to the CPU reference.
+    let run = |props: &str| run_frames(&format!("model=\"{}\" {props}", path.display()), 6, 96, 64);
+
+    set_fault("compile");
+    let (msgs, eos, _) = run("backend=cuda");
+    let errors = texts(&msgs, gst::MessageType::Error);
+    println!("network, compile fault, backend=cuda: {errors:?}");
+    assert!(
+        !eos && errors.iter().any(|e| e.contains("injected")),
+        "{errors:?}"
+    );
+    let (msgs, eos, stats) = run("backend=auto");
+    let warnings = texts(&msgs, gst::MessageType::Warning);
+    println!("network, compile fault, backend=auto: {warnings:?}");
+    assert!(eos, "auto must fall back and finish: {msgs:?}");
+    assert_eq!(stats.get::<String>("backend").unwrap(), "cpu");
+    assert!(
+        warnings.iter().any(|w| w.contains("CPU reference")),
+        "{warnings:?}"
+    );
+
+    set_fault("alloc");
+    let (msgs, eos, _) = run("backend=cuda");
+    let errors = texts(&msgs, gst::MessageType::Error);
+    println!("network, allocation fault: {errors:?}");
+    assert!(
+        !eos && errors.iter().any(|e| e.contains("cuMemAlloc")),
+        "{errors:?}"
+    );
+
+    set_fault("");
+    let (msgs, eos, _) = run("backend=cuda max-device-memory=1000000");
+    let errors = texts(&msgs, gst::MessageType::Error);
+    println!("network, cap: {errors:?}");
+    assert!(
+        !eos && errors.iter().any(|e| e.contains("max-device-memory")),
+        "{errors:?}"
+    );
+
+    let (msgs, eos, clean) = run("backend=cuda");
+    assert!(eos, "{msgs:?}");
+    assert!(clean.get::<bool>("graph-replayed").unwrap(), "{clean}");
+    set_fault("capture");
+    let (msgs, eos, stats) = run("backend=cuda");
+    set_fault("");
+    println!("network, capture fault: {stats}");
+    assert!(eos, "a failed capture must not stop the stream: {msgs:?}");
+    assert!(!stats.get::<bool>("graph-replayed").unwrap(), "{stats}");
+    assert_eq!(stats.get::<String>("backend").unwrap(), "cuda");
+    assert_eq!(
+        stats.get::<u64>("frames").unwrap(),
+        clean.get::<u64>("frames").unwrap()
+    );
 }
 
 /// `CudaPipeline::set_shape` frees the old arena before it allocates the new one: when that
