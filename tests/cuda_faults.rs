@@ -16,19 +16,11 @@ fn set_fault(v: &str) {
     unsafe { std::env::set_var("TOONFLOW_CUDA_FAULT", v) };
 }
 
-/// Runs `toonflow <props>` over 30 frames of 320x240; returns the bus messages and whether EOS
-/// was reached, and the element's stats.
-fn run(props: &str) -> (Vec<gst::Message>, bool, gst::Structure) {
-    run_frames(props, 30, 320, 240)
-}
+/// What a run ends with: the bus messages, whether EOS was reached, the element's stats.
+type Outcome = (Vec<gst::Message>, bool, gst::Structure);
 
-/// `run` over `frames` frames of `width`x`height`.
-fn run_frames(
-    props: &str,
-    frames: u32,
-    width: u32,
-    height: u32,
-) -> (Vec<gst::Message>, bool, gst::Structure) {
+/// Runs `toonflow <props>` over `frames` frames of `width`x`height` from videotestsrc.
+fn run(props: &str, frames: u32, width: u32, height: u32) -> Outcome {
     init();
     let p = gst::parse::launch(&format!(
         "videotestsrc num-buffers={frames} pattern=ball ! \
@@ -77,122 +69,66 @@ fn faults_give_clear_errors_or_logged_fallbacks() {
         println!("skipped: no CUDA device ({e})");
         return;
     }
+    // The classic pipeline over 30 frames of 320x240.
+    each_fault_ends_clearly("classic", "CPU backend", |props| run(props, 30, 320, 240));
+    set_shape_recovers_from_a_failed_allocation();
+
+    // The network (model=) over a few small frames: backend=auto falls back to the CPU
+    // reference, which takes a while a frame.
+    let dir = TempDir::new("cuda-faults-model");
+    let path = dir.path("tiny_like.onnx");
+    let model = gsttoonflow::neural::onnx::encode_model(&onnx_models::tiny_like());
+    std::fs::write(&path, model).unwrap();
+    each_fault_ends_clearly("network", "CPU reference", |props| {
+        run(&format!("model=\"{}\" {props}", path.display()), 6, 96, 64)
+    });
+}
+
+/// Injects each fault in turn under `run` (toonflow's properties → the run's outcome):
+/// `fallback` is what backend=auto's warning must say it fell back to.
+fn each_fault_ends_clearly(what: &str, fallback: &str, run: impl Fn(&str) -> Outcome) {
+    let expect_error = |props: &str, says: &str| {
+        let (msgs, eos, _) = run(props);
+        let errors = texts(&msgs, gst::MessageType::Error);
+        println!("{what}, {props}: {errors:?}");
+        assert!(
+            !eos && errors.iter().any(|e| e.contains(says)),
+            "{errors:?}"
+        );
+    };
 
     // A kernel that fails to compile: backend=cuda fails with NVRTC's log, auto falls back.
     set_fault("compile");
-    let (msgs, eos, _) = run("backend=cuda precision=fp32");
-    let errors = texts(&msgs, gst::MessageType::Error);
-    println!("compile fault, backend=cuda: {errors:?}");
-    assert!(
-        !eos && errors.iter().any(|e| e.contains("injected")),
-        "{errors:?}"
-    );
+    expect_error("backend=cuda precision=fp32", "injected");
     let (msgs, eos, stats) = run("backend=auto precision=fp32");
     let warnings = texts(&msgs, gst::MessageType::Warning);
-    println!("compile fault, backend=auto: {warnings:?}");
-    assert!(eos, "auto must fall back and finish: {msgs:?}");
-    assert_eq!(stats.get::<String>("backend").unwrap(), "cpu");
-    assert!(warnings.iter().any(|w| w.contains("CPU backend")));
-
-    // A real allocation failure: cuMemAlloc of four times the free memory.
-    set_fault("alloc");
-    let (msgs, eos, _) = run("backend=cuda");
-    let errors = texts(&msgs, gst::MessageType::Error);
-    println!("allocation fault: {errors:?}");
-    assert!(
-        !eos && errors.iter().any(|e| e.contains("cuMemAlloc")),
-        "{errors:?}"
-    );
-
-    // The max-device-memory cap: a clear error at negotiation.
-    set_fault("");
-    let (msgs, eos, _) = run("backend=cuda max-device-memory=1000000");
-    let errors = texts(&msgs, gst::MessageType::Error);
-    println!("cap: {errors:?}");
-    assert!(
-        !eos && errors.iter().any(|e| e.contains("max-device-memory")),
-        "{errors:?}"
-    );
-
-    // A failed capture: frames keep flowing eagerly, with the same output.
-    let clean = {
-        set_fault("");
-        let (msgs, eos, stats) = run("backend=cuda cuda-graph=true");
-        assert!(eos, "{msgs:?}");
-        assert!(stats.get::<bool>("graph-replayed").unwrap(), "{stats}");
-        stats
-    };
-    set_fault("capture");
-    let (msgs, eos, stats) = run("backend=cuda cuda-graph=true");
-    set_fault("");
-    println!("capture fault: {stats}");
-    assert!(eos, "a failed capture must not stop the stream: {msgs:?}");
-    assert!(!stats.get::<bool>("graph-replayed").unwrap(), "{stats}");
-    assert_eq!(
-        stats.get::<u64>("frames").unwrap(),
-        clean.get::<u64>("frames").unwrap()
-    );
-
-    set_shape_recovers_from_a_failed_allocation();
-    the_network_keeps_the_same_guarantees();
-}
-
-/// The same faults with `model=`: the network's kernels fail to compile, its arena cannot be
-/// allocated, its graph capture fails, its plan exceeds max-device-memory.
-fn the_network_keeps_the_same_guarantees() {
-    let dir = TempDir::new("cuda-faults-model");
-    let path = dir.path("tiny_like.onnx");
-    std::fs::write(
-        &path,
-        gsttoonflow::neural::onnx::encode_model(&onnx_models::tiny_like()),
-    )
-    .unwrap();
-    // Small frames and few of them: backend=auto falls back to the CPU reference.
-    let run = |props: &str| run_frames(&format!("model=\"{}\" {props}", path.display()), 6, 96, 64);
-
-    set_fault("compile");
-    let (msgs, eos, _) = run("backend=cuda");
-    let errors = texts(&msgs, gst::MessageType::Error);
-    println!("network, compile fault, backend=cuda: {errors:?}");
-    assert!(
-        !eos && errors.iter().any(|e| e.contains("injected")),
-        "{errors:?}"
-    );
-    let (msgs, eos, stats) = run("backend=auto");
-    let warnings = texts(&msgs, gst::MessageType::Warning);
-    println!("network, compile fault, backend=auto: {warnings:?}");
+    println!("{what}, compile fault, backend=auto: {warnings:?}");
     assert!(eos, "auto must fall back and finish: {msgs:?}");
     assert_eq!(stats.get::<String>("backend").unwrap(), "cpu");
     assert!(
-        warnings.iter().any(|w| w.contains("CPU reference")),
+        warnings.iter().any(|w| w.contains(fallback)),
         "{warnings:?}"
     );
 
+    // A real allocation failure: cuMemAlloc of four times the free memory.
     set_fault("alloc");
-    let (msgs, eos, _) = run("backend=cuda");
-    let errors = texts(&msgs, gst::MessageType::Error);
-    println!("network, allocation fault: {errors:?}");
-    assert!(
-        !eos && errors.iter().any(|e| e.contains("cuMemAlloc")),
-        "{errors:?}"
-    );
+    expect_error("backend=cuda", "cuMemAlloc");
 
+    // The max-device-memory cap: a clear error at negotiation.
     set_fault("");
-    let (msgs, eos, _) = run("backend=cuda max-device-memory=1000000");
-    let errors = texts(&msgs, gst::MessageType::Error);
-    println!("network, cap: {errors:?}");
-    assert!(
-        !eos && errors.iter().any(|e| e.contains("max-device-memory")),
-        "{errors:?}"
+    expect_error(
+        "backend=cuda max-device-memory=1000000",
+        "max-device-memory",
     );
 
-    let (msgs, eos, clean) = run("backend=cuda");
+    // A failed capture: frames keep flowing eagerly, on the GPU, as many as without the fault.
+    let (msgs, eos, clean) = run("backend=cuda cuda-graph=true");
     assert!(eos, "{msgs:?}");
     assert!(clean.get::<bool>("graph-replayed").unwrap(), "{clean}");
     set_fault("capture");
-    let (msgs, eos, stats) = run("backend=cuda");
+    let (msgs, eos, stats) = run("backend=cuda cuda-graph=true");
     set_fault("");
-    println!("network, capture fault: {stats}");
+    println!("{what}, capture fault: {stats}");
     assert!(eos, "a failed capture must not stop the stream: {msgs:?}");
     assert!(!stats.get::<bool>("graph-replayed").unwrap(), "{stats}");
     assert_eq!(stats.get::<String>("backend").unwrap(), "cuda");
