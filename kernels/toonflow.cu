@@ -13,9 +13,10 @@
 //   memset(stats)             thumbnail block sums + histogram to zero (a memset node, no kernel)
 //   tf_unpack                 NV12 -> L, UV planes; thumbnail block sums; histogram
 //   tf_analyze                scene score, cut decision, ring bookkeeping, auto-levels (1 block)
-//   tf_bilateral_x / _y       edge_iteration iterations, luma and chroma in one launch each
-//   tf_temporal               temporal filter of the features in place, ring push (skipped
-//                             when the ring has no slot)
+//   tf_bilateral_x / _y       edge_iteration iterations, luma and chroma in one launch each; the
+//                             last y pass filters its output temporally and pushes the raw
+//                             features into the ring (no filter when the ring has no slot)
+//   tf_temporal               the same on its own, only when edge_iteration == 0
 //   tf_bilateral_x / _y       the remaining iterations; the first x pass after the temporal
 //                             filter also computes the DoG x pass of the filtered luma
 //   tf_dog_x                  only when edge_iteration == bilateral_iterations
@@ -431,6 +432,69 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
 }
 
 // ---------------------------------------------------------------------------------------------
+// The temporal filter of one feature value against the ring (ToonParams' temporal_strength and
+// motion_coeff; TfFrame's recent slots, newest first): f = sum w_k f_k / sum w_k, w_0 = 1,
+// w_k = s^k exp(motion_coeff d_k^2). Used by the y pass that ends the edge iteration, as it writes
+// its output, and by tf_temporal.
+struct TfHistory {
+    const tf_store* ring;
+    long slot_elems;
+    const int* recent; // TfFrame's recent_slot
+    int used;
+    float strength, mk;
+    __device__ __forceinline__ const tf_store* slot(int k) const { return ring + (long)recent[k] * slot_elems; }
+};
+
+__device__ __forceinline__ TfHistory tf_history(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
+                                                const tf_store* ring, long slot_elems)
+{
+    return {ring, slot_elems, fr->recent_slot, fr->history_used, p->temporal_strength, tf_range_scale(p->motion_coeff)};
+}
+
+// The ring slot this frame's raw features go to (nullptr: no ring).
+__device__ __forceinline__ tf_store* tf_push_slot(const TfFrame* __restrict__ fr, tf_store* ring, long slot_elems)
+{
+    return fr->push_slot >= 0 ? ring + (long)fr->push_slot * slot_elems : nullptr;
+}
+
+// Luma value f0 at element idx of the luma plane.
+__device__ __forceinline__ float tf_filter_luma(const TfHistory& h, float f0, long idx)
+{
+    float acc = f0, wsum = 1.0f, sk = 1.0f;
+#pragma unroll
+    for (int k = 0; k < TF_MAX_HISTORY; ++k) {
+        if (k >= h.used) break;
+        const float fk = tf_ld(h.slot(k), idx);
+        sk *= h.strength;
+        const float d = fk - f0;
+        const float w = sk * tf_range_weight(h.mk * d * d);
+        acc += w * fk;
+        wsum += w;
+    }
+    return tf_div(acc, wsum);
+}
+
+// Chroma pair c at pair index cpair of the chroma plane (luma_elems past the slot's start), the
+// distance taken jointly in L units.
+__device__ __forceinline__ float2 tf_filter_chroma(const TfHistory& h, float2 c, long cpair, long luma_elems)
+{
+    float au = c.x, av = c.y, wsum = 1.0f, sk = 1.0f;
+#pragma unroll
+    for (int k = 0; k < TF_MAX_HISTORY; ++k) {
+        if (k >= h.used) break;
+        const float2 n = tf_ld2(h.slot(k) + luma_elems, cpair);
+        sk *= h.strength;
+        const float du = 100.0f * (n.x - c.x);
+        const float dv = 100.0f * (n.y - c.y);
+        const float w = sk * tf_range_weight(h.mk * (du * du + dv * dv));
+        au += w * n.x;
+        av += w * n.y;
+        wsum += w;
+    }
+    return make_float2(tf_div(au, wsum), tf_div(av, wsum));
+}
+
+// ---------------------------------------------------------------------------------------------
 // 3. Bilateral passes and the DoG x pass, through shared-memory tiles.
 //
 // A block first copies its tile and the halo around it into shared memory (borders replicated,
@@ -458,9 +522,7 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
 // Chroma is compared in L units: its range unit is 100 luma units.
 #define TF_CHROMA_UNIT 100.0f
 
-// The range weight of the tap nb of centre c (both in range units), spatial table entry t. The
-// distance only enters squared and IEEE negation is exact, so swapping c and nb gives the same
-// bits: a pair of pixels needs its weight once for both ends (tf_strip relies on this).
+// The range weight of the tap nb of centre c (both in range units), spatial table entry t.
 __device__ __forceinline__ float tf_pair_weight(float c, float nb, float t) { return tf_tap_weight(nb - c, t); }
 __device__ __forceinline__ float tf_pair_weight(float2 c, float2 nb, float t)
 {
@@ -535,8 +597,8 @@ __device__ __forceinline__ void tf_dog_x_store(const float* s, const float* __re
 #pragma unroll
     for (int j = -R; j <= R; ++j) {
         const int m = j < 0 ? -j : j;
-        a1 += g1[m] * s[j];
-        a2 += g2[m] * s[j];
+        a1 = tf_mad(g1[m], s[j], a1);
+        a2 = tf_mad(g2[m], s[j], a2);
     }
     dog1[idx] = a1 * inv1;
     dog2[idx] = a2 * inv2;
@@ -574,9 +636,7 @@ __device__ __forceinline__ void tf_load_row2(float2* tile, const tf_store* __res
 // a shared tile: along a row for the x pass, down a column for the y pass, in range units
 // `unit`); out(q, value, centre) takes output q with its taps centre[j * step]. With R known at
 // compile time the taps are first copied into registers (each shared value read once for all N
-// outputs; centre then points there, step 1) and outputs within R of each other share their
-// pair's range weight: output q computes the pair (q, q + j) for its tap +j, output q + j takes
-// it for its tap -j (same bits, tf_pair_weight). Otherwise the taps read the tile.
+// outputs; centre then points there, step 1); otherwise the taps read the tile.
 template <int RF, int N, typename T, typename Out>
 __device__ __forceinline__ void tf_strip(const T* first, int step, int r, const float* t, float w0, float unit, Out out)
 {
@@ -588,28 +648,8 @@ __device__ __forceinline__ void tf_strip(const T* first, int step, int r, const 
         float tr[R + 1];
 #pragma unroll
         for (int j = 0; j <= R; ++j) tr[j] = t[j];
-        // shared[q][j - 1]: the weight of the pair (q, q + j), computed by output q.
-        float shared[N][R > 0 ? R : 1];
 #pragma unroll
-        for (int q = 0; q < N; ++q) {
-            const T c = v[R + q];
-            auto sum = tf_sum_zero(c);
-#pragma unroll
-            for (int j = -R; j <= R; ++j) {
-                const T nb = v[R + q + j];
-                float w;
-                if (j == 0) {
-                    w = w0;
-                } else if (j < 0 && q + j >= 0) {
-                    w = shared[q + j][-j - 1];
-                } else {
-                    w = tf_pair_weight(c, nb, tr[j < 0 ? -j : j]);
-                    if (j > 0) shared[q][j - 1] = w;
-                }
-                tf_sum_add(sum, w, nb);
-            }
-            out(q, tf_sum_value(sum, unit), &v[R + q]);
-        }
+        for (int q = 0; q < N; ++q) out(q, tf_sum_value(tf_bil<RF>(&v[R + q], 1, tr, w0, r), unit), &v[R + q]);
     } else {
 #pragma unroll
         for (int q = 0; q < N; ++q) {
@@ -619,12 +659,15 @@ __device__ __forceinline__ void tf_strip(const T* first, int step, int r, const 
     }
 }
 
-// Five blocks of the x pass per SM where the SM holds that many threads (sm_80 and later): the
-// register cap that allows it costs a few bytes of spill, less than the occupancy it buys.
+// Blocks per SM the bilateral passes are compiled for where the SM holds that many threads (sm_80
+// and later): the register caps that allow them cost at most a few bytes of spill, less than the
+// occupancy they buy.
 #if __CUDA_ARCH__ >= 800
 #define TF_BILX_MIN_BLOCKS 5
+#define TF_BILY_MIN_BLOCKS 6
 #else
 #define TF_BILX_MIN_BLOCKS 1
+#define TF_BILY_MIN_BLOCKS 1
 #endif
 extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_BLOCKS) tf_bilateral_x(const ToonParams* __restrict__ p, const tf_store* __restrict__ L,
                                           const tf_store* __restrict__ UV, tf_store* __restrict__ Lo,
@@ -708,10 +751,16 @@ extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_
     }
 }
 
-extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, const tf_store* __restrict__ L,
-                                          const tf_store* __restrict__ UV, tf_store* __restrict__ Lo,
-                                          tf_store* __restrict__ UVo, int luma_blocks_y)
+extern "C" __global__ void __launch_bounds__(TF_BILY_BX * TF_BILY_BY, TF_BILY_MIN_BLOCKS) tf_bilateral_y(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
+                                          const tf_store* __restrict__ L, const tf_store* __restrict__ UV,
+                                          tf_store* __restrict__ Lo, tf_store* __restrict__ UVo,
+                                          tf_store* __restrict__ ring, long slot_elems, long slot_luma_elems,
+                                          int temporal, int luma_blocks_y)
 {
+    // With temporal (the y pass that ends the edge iteration), its outputs are the frame's raw
+    // features: each thread then filters its own against the ring in place and pushes the raw
+    // value (after the filter read the pixel's history, as in tf_temporal).
+    // (The history and the push slot are looked up there, so they hold no registers meanwhile.)
     // One buffer for both kinds of block: luma blocks use it as float, chroma blocks as float2.
     __shared__ float2 tile[TF_YT_H * TF_BILY_BX];
     __shared__ float tab[2][TF_MAX_RADIUS + 1];
@@ -743,6 +792,18 @@ extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, cons
         } else {
             tf_strip<-1, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[0], w0, unit, out);
         }
+        // A loop of its own, after the outputs: its registers do not add to the strip's.
+        if (temporal) {
+            const TfHistory h = tf_history(p, fr, ring, slot_elems);
+            tf_store* pushed = tf_push_slot(fr, ring, slot_elems);
+#pragma unroll 1
+            for (int q = 0; q < TF_BILY_ROWS && y0 + row0 + q < H; ++q) {
+                const long idx = (long)(y0 + row0 + q) * W + x;
+                const float raw = tf_ld(Lo, idx);
+                tf_st(Lo, idx, tf_filter_luma(h, raw, idx));
+                if (pushed) tf_st(pushed, idx, raw);
+            }
+        }
     } else {
         const int cw = p->chroma_width, ch = p->chroma_height;
         if ((int)(blockIdx.x * TF_BILY_BX) >= cw) return;
@@ -767,6 +828,17 @@ extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, cons
             tf_strip<TF_CHROMA_R, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[1], w0, cunit, out);
         } else {
             tf_strip<-1, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[1], w0, cunit, out);
+        }
+        if (temporal) {
+            const TfHistory h = tf_history(p, fr, ring, slot_elems);
+            tf_store* pushed = tf_push_slot(fr, ring, slot_elems);
+#pragma unroll 1
+            for (int q = 0; q < TF_BILY_ROWS && y0 + row0 + q < ch; ++q) {
+                const long pair = (long)(y0 + row0 + q) * cw + x;
+                const float2 raw = tf_ld2(UVo, pair);
+                tf_st2(UVo, pair, tf_filter_chroma(h, raw, pair, slot_luma_elems));
+                if (pushed) tf_st2(pushed + slot_luma_elems, pair, raw);
+            }
         }
     }
 }
@@ -795,10 +867,12 @@ extern "C" __global__ void tf_dog_x(const ToonParams* __restrict__ p, const tf_s
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3b. Temporal filter of the features, in place, and the ring push of the raw features. One thread
-// per chroma sample (its 2x2 luma block), block TF_TILE_BX x TF_TILE_BY. Each thread reads a
-// pixel's history before it overwrites that pixel's push slot, so the oldest entry can be reused
-// in the same launch.
+// 3b. Temporal filter of the features, in place, and the ring push of the raw features, on its own:
+// only when the temporal point comes before any bilateral iteration (edge_iteration 0; otherwise
+// the y pass that ends the edge iteration filters and pushes as it writes). One thread per chroma
+// sample (its 2x2 luma block), block TF_TILE_BX x TF_TILE_BY. Each thread reads a pixel's history
+// before it overwrites that pixel's push slot, so the oldest entry can be reused in the same
+// launch.
 extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
                                        tf_store* __restrict__ L, tf_store* __restrict__ UV,
                                        tf_store* __restrict__ ring, long slot_elems, long slot_luma_elems)
@@ -808,57 +882,22 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
     const int cx = blockIdx.x * blockDim.x + threadIdx.x;
     const int cy = blockIdx.y * blockDim.y + threadIdx.y;
     if (cx >= cw || cy >= ch) return;
-    const int used = fr->history_used;
-    const int push = fr->push_slot;
-    const float ts = p->temporal_strength;
-    const float mk = tf_range_scale(p->motion_coeff);
-    // The recent slots, newest first (at most TF_MAX_HISTORY).
-    const tf_store* slot[TF_MAX_HISTORY];
-#pragma unroll
-    for (int k = 0; k < TF_MAX_HISTORY; ++k) slot[k] = ring + (long)fr->recent_slot[k] * slot_elems;
-    tf_store* pushed = push >= 0 ? ring + (long)push * slot_elems : nullptr;
-
+    const TfHistory h = tf_history(p, fr, ring, slot_elems);
+    tf_store* pushed = tf_push_slot(fr, ring, slot_elems);
     // Luma: the two pixels of each row of the 2x2 block as one pair (even width, even x).
 #pragma unroll
     for (int dy = 0; dy < 2; ++dy) {
         const long pair = ((long)(2 * cy + dy) * W + 2 * cx) / 2;
         const float2 f0 = tf_ld2(L, pair);
-        float2 acc = f0, wsum = make_float2(1.0f, 1.0f);
-        float sk = 1.0f;
-#pragma unroll
-        for (int k = 0; k < TF_MAX_HISTORY; ++k) {
-            if (k >= used) break;
-            const float2 fk = tf_ld2(slot[k], pair);
-            sk *= ts;
-            const float da = fk.x - f0.x, db = fk.y - f0.y;
-            const float wa = sk * tf_range_weight(mk * da * da);
-            const float wb = sk * tf_range_weight(mk * db * db);
-            acc.x += wa * fk.x;
-            acc.y += wb * fk.y;
-            wsum.x += wa;
-            wsum.y += wb;
-        }
+        const float2 f = make_float2(tf_filter_luma(h, f0.x, 2 * pair), tf_filter_luma(h, f0.y, 2 * pair + 1));
         if (pushed) tf_st2(pushed, pair, f0);
-        tf_st2(L, pair, make_float2(tf_div(acc.x, wsum.x), tf_div(acc.y, wsum.y)));
+        tf_st2(L, pair, f);
     }
-
     const long cpair = (long)cy * cw + cx;
     const float2 c = tf_ld2(UV, cpair);
-    float au = c.x, av = c.y, wsum = 1.0f, sk = 1.0f;
-#pragma unroll
-    for (int k = 0; k < TF_MAX_HISTORY; ++k) {
-        if (k >= used) break;
-        const float2 n = tf_ld2(slot[k] + slot_luma_elems, cpair);
-        sk *= ts;
-        const float du = 100.0f * (n.x - c.x);
-        const float dv = 100.0f * (n.y - c.y);
-        const float w = sk * tf_range_weight(mk * (du * du + dv * dv));
-        au += w * n.x;
-        av += w * n.y;
-        wsum += w;
-    }
+    const float2 f = tf_filter_chroma(h, c, cpair, slot_luma_elems);
     if (pushed) tf_st2(pushed + slot_luma_elems, cpair, c);
-    tf_st2(UV, cpair, make_float2(tf_div(au, wsum), tf_div(av, wsum)));
+    tf_st2(UV, cpair, f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -889,10 +928,10 @@ __device__ __forceinline__ void tf_dog_y_block(const ToonParams* __restrict__ p,
             const int j = i - dy; // this row is tap j of output row y0 + dy
             if (j < -R || j > R) continue;
             const float wa = ga[j < 0 ? -j : j], wb = gb[j < 0 ? -j : j];
-            s1[dy].x += wa * a.x;
-            s1[dy].y += wa * a.y;
-            s2[dy].x += wb * b.x;
-            s2[dy].y += wb * b.y;
+            s1[dy].x = tf_mad(wa, a.x, s1[dy].x);
+            s1[dy].y = tf_mad(wa, a.y, s1[dy].y);
+            s2[dy].x = tf_mad(wb, b.x, s2[dy].x);
+            s2[dy].y = tf_mad(wb, b.y, s2[dy].y);
         }
     }
     float n1 = 0.0f, n2 = 0.0f;

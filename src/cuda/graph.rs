@@ -237,10 +237,12 @@ impl GraphKey {
     pub fn edge_at_end(&self) -> bool {
         self.edge_iteration == self.iterations()
     }
-    /// Kernel launches of a frame: unpack, analyze, 2 per iteration, the temporal filter when
-    /// there is a ring, the stand-alone DoG x pass when needed, final.
+    /// Kernel launches of a frame: unpack, analyze, 2 per iteration, the temporal filter on its
+    /// own when there is a ring and it comes before the first iteration (after one, the y pass
+    /// that ends the edge iteration filters), the stand-alone DoG x pass when needed, final.
     pub fn launches(&self) -> u32 {
-        3 + 2 * self.iterations() + self.has_ring() as u32 + self.edge_at_end() as u32
+        let own_temporal = self.has_ring() && self.edge_iteration == 0;
+        3 + 2 * self.iterations() + own_temporal as u32 + self.edge_at_end() as u32
     }
 }
 
@@ -324,8 +326,12 @@ mod tests {
             },
             edge_iteration,
         };
-        // unpack, analyze, 3 x (x, y), temporal, final
-        assert_eq!(key(3, 4, 1).launches(), 10);
+        // unpack, analyze, 3 x (x, y; the first y pass filters temporally), final
+        assert_eq!(key(3, 4, 1).launches(), 9);
+        // the temporal filter before the first iteration: a launch of its own
+        assert_eq!(key(3, 4, 0).launches(), 10);
+        // edges after the last iteration: its y pass filters, the DoG x pass on its own
+        assert_eq!(key(3, 4, 3).launches(), 10);
         // no ring, edges after the last iteration: the stand-alone DoG x pass instead
         assert_eq!(key(3, 0, 3).launches(), 10);
         // unpack, analyze, DoG x, final

@@ -92,7 +92,8 @@ fn bilateral_grid(
 }
 
 /// Puts a frame of `key`'s shape on `stream`: the statistics memset, unpack, analyze, the
-/// bilateral iterations with the temporal filter after `key.edge_iteration` of them, the
+/// bilateral iterations with the temporal filter after `key.edge_iteration` of them (in the y
+/// pass that ends that iteration; a launch of its own when it comes before the first), the
 /// stand-alone DoG x pass when needed, final. Exactly `key.launches()` kernels.
 pub(crate) fn enqueue_frame(
     stream: &CudaStream,
@@ -146,9 +147,12 @@ pub(crate) fn enqueue_frame(
             .map_err(driver("tf_analyze"))?;
     }
     // The temporal filter runs on the features after `edge_iteration` iterations; the x pass
-    // that follows it (or tf_dog_x) takes the DoG x pass of the filtered luma.
+    // that follows it (or tf_dog_x) takes the DoG x pass of the filtered luma. After at least one
+    // iteration, the y pass that ends iteration `edge_iteration` (index - 1) filters as it
+    // writes; before the first, tf_temporal runs on its own.
+    let filter_in_y = key.has_ring() && key.edge_iteration > 0;
     let temporal = || {
-        if !key.has_ring() {
+        if !key.has_ring() || filter_in_y {
             return Ok(());
         }
         // SAFETY: as for the launches above.
@@ -171,6 +175,7 @@ pub(crate) fn enqueue_frame(
         if *it as u32 == key.edge_iteration {
             temporal()?;
         }
+        let filter = (filter_in_y && *it as u32 + 1 == key.edge_iteration) as i32;
         // SAFETY: as for the launches above.
         unsafe {
             s.launch_builder(&k.bilateral_x)
@@ -187,10 +192,15 @@ pub(crate) fn enqueue_frame(
                 .map_err(driver("tf_bilateral_x"))?;
             s.launch_builder(&k.bilateral_y)
                 .arg(&p.params)
+                .arg(&p.frame)
                 .arg(&p.tmp_l)
                 .arg(&p.tmp_uv)
                 .arg(&p.feat_l)
                 .arg(&p.feat_uv)
+                .arg(&p.ring)
+                .arg(&slot_elems)
+                .arg(&luma_elems)
+                .arg(&filter)
                 .arg(&luma_blocks_y)
                 .launch(bil_y)
                 .map_err(driver("tf_bilateral_y"))?;

@@ -38,8 +38,8 @@ pub mod names {
 }
 
 /// Stage numbers of a frame for a given number of bilateral iterations. The temporal filter has
-/// no stage of its own: it runs in place on the feature planes and the ring, which are live for
-/// the whole frame, between two bilateral iterations.
+/// no stage of its own: it works on the feature planes and the ring, which are live for the whole
+/// frame, in the y pass that ends the edge iteration (or in place before the first iteration).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stages {
     pub iterations: u32,
