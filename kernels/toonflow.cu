@@ -319,16 +319,18 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. Analysis: one block of TF_ANALYZE_THREADS threads (a few thousand thumbnail blocks and 256
-// histogram bins: one block finishes in a few microseconds once the index math is 32-bit and the
-// block sizes are looked up, not divided out per cell).
-
-extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
-                                      const unsigned int* __restrict__ thumb_sums,
-                                      const unsigned int* __restrict__ hist, TfState* __restrict__ st,
-                                      TfFrame* __restrict__ fr, int capacity)
+// 2. Analysis: one block (a few thousand thumbnail blocks and 256 histogram bins: one block
+// finishes in a few microseconds once the index math is 32-bit and the block sizes are looked up,
+// not divided out per cell). It is latency, not work: by default an extra block of the first x
+// pass runs it beside that pass's tiles (nothing before the temporal filter reads its results);
+// tf_analyze runs it on its own when the temporal filter comes before the first iteration.
+// Any block size that is a multiple of 32 (up to 1024).
+__device__ __forceinline__ void tf_analysis(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
+                                            const unsigned int* __restrict__ thumb_sums,
+                                            const unsigned int* __restrict__ hist, TfState* __restrict__ st,
+                                            TfFrame* __restrict__ fr, int capacity)
 {
-    __shared__ float spart[TF_ANALYZE_THREADS / 32];
+    __shared__ float spart[32];
     __shared__ unsigned int shist[TF_HIST_BINS];
     __shared__ int scols[TF_THUMB_W];
     __shared__ int srows[TF_THUMB_H];
@@ -337,16 +339,17 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
     const int n = tw * th;
     const int reset = ctl->reset;
     const int has_prev = (st->has_prev != 0) && (reset == 0);
-    const int tid = threadIdx.x;
-    for (int i = tid; i < tw; i += TF_ANALYZE_THREADS) scols[i] = tf_block_start(i + 1, tw, W) - tf_block_start(i, tw, W);
-    for (int i = tid; i < th; i += TF_ANALYZE_THREADS) srows[i] = tf_block_start(i + 1, th, H) - tf_block_start(i, th, H);
-    for (int i = tid; i < TF_HIST_BINS; i += TF_ANALYZE_THREADS) shist[i] = hist[i];
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int nthreads = blockDim.x * blockDim.y;
+    for (int i = tid; i < tw; i += nthreads) scols[i] = tf_block_start(i + 1, tw, W) - tf_block_start(i, tw, W);
+    for (int i = tid; i < th; i += nthreads) srows[i] = tf_block_start(i + 1, th, H) - tf_block_start(i, th, H);
+    for (int i = tid; i < TF_HIST_BINS; i += nthreads) shist[i] = hist[i];
     __syncthreads();
 
     // Cells walked in the thumb_sums layout (TF_THUMB_W a compile-time constant: no division by
     // the runtime width); prev_thumb is packed by the thumbnail's width.
     float part = 0.0f;
-    for (int i = tid; i < th * TF_THUMB_W; i += TF_ANALYZE_THREADS) {
+    for (int i = tid; i < th * TF_THUMB_W; i += nthreads) {
         const int by = i / TF_THUMB_W, bx = i % TF_THUMB_W;
         if (bx >= tw) continue;
         const float count = (float)(srows[by] * scols[bx]);
@@ -361,7 +364,7 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
     if ((tid & 31) == 0) spart[tid / 32] = part;
     __syncthreads();
     if (tid >= 32) return;
-    part = tid < TF_ANALYZE_THREADS / 32 ? spart[tid] : 0.0f;
+    part = tid < nthreads / 32 ? spart[tid] : 0.0f;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) part += __shfl_down_sync(0xffffffffu, part, off);
     if (tid != 0) return;
@@ -429,6 +432,14 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
     fr->levels_valid = valid;
     fr->black = black;
     fr->white = white;
+}
+
+extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
+                                      const unsigned int* __restrict__ thumb_sums,
+                                      const unsigned int* __restrict__ hist, TfState* __restrict__ st,
+                                      TfFrame* __restrict__ fr, int capacity)
+{
+    tf_analysis(p, ctl, thumb_sums, hist, st, fr, capacity);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -672,8 +683,18 @@ __device__ __forceinline__ void tf_strip(const T* first, int step, int r, const 
 extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_BLOCKS) tf_bilateral_x(const ToonParams* __restrict__ p, const tf_store* __restrict__ L,
                                           const tf_store* __restrict__ UV, tf_store* __restrict__ Lo,
                                           tf_store* __restrict__ UVo, float* __restrict__ dog1,
-                                          float* __restrict__ dog2, int iter_index, int luma_blocks_y)
+                                          float* __restrict__ dog2, int iter_index, int luma_blocks_y,
+                                          int analysis, const TfControl* __restrict__ ctl,
+                                          const unsigned int* __restrict__ thumb_sums,
+                                          const unsigned int* __restrict__ hist, TfState* __restrict__ st,
+                                          TfFrame* __restrict__ fr, int capacity)
 {
+    // With analysis, the grid has one more row of blocks: its first block runs the frame's
+    // analysis (tf_analysis) beside the tiles, the others have nothing to do.
+    if (analysis && (int)blockIdx.y == (int)gridDim.y - 1) {
+        if (blockIdx.x == 0) tf_analysis(p, ctl, thumb_sums, hist, st, fr, capacity);
+        return;
+    }
     // One buffer for both kinds of block: luma rows as float, chroma rows as float2.
     __shared__ float2 tile[TF_BIL_BY * TF_XT_W];
     __shared__ float tab[2][TF_MAX_RADIUS + 1];

@@ -91,7 +91,8 @@ fn bilateral_grid(
     (cfg, luma as i32)
 }
 
-/// Puts a frame of `key`'s shape on `stream`: the statistics memset, unpack, analyze, the
+/// Puts a frame of `key`'s shape on `stream`: the statistics memset, unpack, the analysis (in an
+/// extra block of the first x pass, or on its own: `GraphKey::analysis_in_x_pass`), the
 /// bilateral iterations with the temporal filter after `key.edge_iteration` of them (in the y
 /// pass that ends that iteration; a launch of its own when it comes before the first), the
 /// stand-alone DoG x pass when needed, final. Exactly `key.launches()` kernels.
@@ -120,6 +121,7 @@ pub(crate) fn enqueue_frame(
     let luma_elems = (w as i64) * (h as i64);
     let slot_elems = luma_elems + 2 * (cw as i64) * (ch as i64);
 
+    let analysis_in_x = key.analysis_in_x_pass();
     // SAFETY (every launch below): the arguments match the kernels' signatures in
     // kernels/toonflow.cu one for one (device addresses as u64, `int` as i32, `long` as i64);
     // every address lies in the pipeline's arena, laid out by the plan for `key.shape`, which
@@ -135,16 +137,21 @@ pub(crate) fn enqueue_frame(
             .arg(&p.hist)
             .launch(tile)
             .map_err(driver("tf_unpack"))?;
-        s.launch_builder(&k.analyze)
-            .arg(&p.params)
-            .arg(&p.control)
-            .arg(&p.thumb)
-            .arg(&p.hist)
-            .arg(&p.state)
-            .arg(&p.frame)
-            .arg(&capacity)
-            .launch(grid(ANALYZE_THREADS, 1, (ANALYZE_THREADS, 1)))
-            .map_err(driver("tf_analyze"))?;
+    }
+    if !analysis_in_x {
+        // SAFETY: as above.
+        unsafe {
+            s.launch_builder(&k.analyze)
+                .arg(&p.params)
+                .arg(&p.control)
+                .arg(&p.thumb)
+                .arg(&p.hist)
+                .arg(&p.state)
+                .arg(&p.frame)
+                .arg(&capacity)
+                .launch(grid(ANALYZE_THREADS, 1, (ANALYZE_THREADS, 1)))
+                .map_err(driver("tf_analyze"))?;
+        }
     }
     // The temporal filter runs on the features after `edge_iteration` iterations; the x pass
     // that follows it (or tf_dog_x) takes the DoG x pass of the filtered luma. After at least one
@@ -176,6 +183,10 @@ pub(crate) fn enqueue_frame(
             temporal()?;
         }
         let filter = (filter_in_y && *it as u32 + 1 == key.edge_iteration) as i32;
+        // The first x pass's extra row of blocks runs the analysis.
+        let analysis = (analysis_in_x && *it == 0) as i32;
+        let mut bil_x = bil_x;
+        bil_x.grid_dim.1 += analysis as u32;
         // SAFETY: as for the launches above.
         unsafe {
             s.launch_builder(&k.bilateral_x)
@@ -188,6 +199,13 @@ pub(crate) fn enqueue_frame(
                 .arg(&p.dog2)
                 .arg(it)
                 .arg(&luma_blocks_x)
+                .arg(&analysis)
+                .arg(&p.control)
+                .arg(&p.thumb)
+                .arg(&p.hist)
+                .arg(&p.state)
+                .arg(&p.frame)
+                .arg(&capacity)
                 .launch(bil_x)
                 .map_err(driver("tf_bilateral_x"))?;
             s.launch_builder(&k.bilateral_y)
