@@ -505,6 +505,32 @@ __device__ __forceinline__ float2 tf_filter_chroma(const TfHistory& h, float2 c,
     return make_float2(tf_div(au, wsum), tf_div(av, wsum));
 }
 
+// One plane's values (float: luma, float2: a chroma pair) through the temporal filter, in place:
+// the n elements first + q * step, each pushed as it was (pushed: the push slot's plane or
+// nullptr) after the filter read its history. luma_elems: where a ring slot's chroma starts.
+__device__ __forceinline__ float tf_filter_at(const TfHistory& h, float f, long i, long) { return tf_filter_luma(h, f, i); }
+__device__ __forceinline__ float2 tf_filter_at(const TfHistory& h, float2 c, long i, long luma_elems)
+{
+    return tf_filter_chroma(h, c, i, luma_elems);
+}
+__device__ __forceinline__ void tf_ld_at(const tf_store* p, long i, float& v) { v = tf_ld(p, i); }
+__device__ __forceinline__ void tf_ld_at(const tf_store* p, long i, float2& v) { v = tf_ld2(p, i); }
+__device__ __forceinline__ void tf_st_at(tf_store* p, long i, float v) { tf_st(p, i, v); }
+__device__ __forceinline__ void tf_st_at(tf_store* p, long i, float2 v) { tf_st2(p, i, v); }
+template <typename T>
+__device__ __forceinline__ void tf_filter_column(const TfHistory& h, tf_store* plane, tf_store* pushed, long first,
+                                                 long step, int n, long luma_elems)
+{
+#pragma unroll 1
+    for (int q = 0; q < n; ++q) {
+        const long i = first + q * step;
+        T raw;
+        tf_ld_at(plane, i, raw);
+        tf_st_at(plane, i, tf_filter_at(h, raw, i, luma_elems));
+        if (pushed) tf_st_at(pushed, i, raw);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Bilateral passes and the DoG x pass, through shared-memory tiles.
 //
@@ -813,18 +839,10 @@ extern "C" __global__ void __launch_bounds__(TF_BILY_BX * TF_BILY_BY, TF_BILY_MI
         } else {
             tf_strip<-1, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[0], w0, unit, out);
         }
-        // A loop of its own, after the outputs: its registers do not add to the strip's.
-        if (temporal) {
-            const TfHistory h = tf_history(p, fr, ring, slot_elems);
-            tf_store* pushed = tf_push_slot(fr, ring, slot_elems);
-#pragma unroll 1
-            for (int q = 0; q < TF_BILY_ROWS && y0 + row0 + q < H; ++q) {
-                const long idx = (long)(y0 + row0 + q) * W + x;
-                const float raw = tf_ld(Lo, idx);
-                tf_st(Lo, idx, tf_filter_luma(h, raw, idx));
-                if (pushed) tf_st(pushed, idx, raw);
-            }
-        }
+        // After the outputs: the filter's registers do not add to the strip's.
+        if (temporal)
+            tf_filter_column<float>(tf_history(p, fr, ring, slot_elems), Lo, tf_push_slot(fr, ring, slot_elems),
+                                    (long)(y0 + row0) * W + x, W, min(TF_BILY_ROWS, H - y0 - row0), 0);
     } else {
         const int cw = p->chroma_width, ch = p->chroma_height;
         if ((int)(blockIdx.x * TF_BILY_BX) >= cw) return;
@@ -851,15 +869,9 @@ extern "C" __global__ void __launch_bounds__(TF_BILY_BX * TF_BILY_BY, TF_BILY_MI
             tf_strip<-1, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[1], w0, cunit, out);
         }
         if (temporal) {
-            const TfHistory h = tf_history(p, fr, ring, slot_elems);
             tf_store* pushed = tf_push_slot(fr, ring, slot_elems);
-#pragma unroll 1
-            for (int q = 0; q < TF_BILY_ROWS && y0 + row0 + q < ch; ++q) {
-                const long pair = (long)(y0 + row0 + q) * cw + x;
-                const float2 raw = tf_ld2(UVo, pair);
-                tf_st2(UVo, pair, tf_filter_chroma(h, raw, pair, slot_luma_elems));
-                if (pushed) tf_st2(pushed + slot_luma_elems, pair, raw);
-            }
+            tf_filter_column<float2>(tf_history(p, fr, ring, slot_elems), UVo, pushed ? pushed + slot_luma_elems : nullptr,
+                                     (long)(y0 + row0) * cw + x, cw, min(TF_BILY_ROWS, ch - y0 - row0), slot_luma_elems);
         }
     }
 }

@@ -2,7 +2,7 @@
 //! sequence of a frame (a memset and the kernels), enqueued on one stream. Nothing here reads
 //! from the device or allocates, so the sequence can be captured into a graph.
 
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg, sys};
+use cudarc::driver::{CudaStream, LaunchArgs, LaunchConfig, PushKernelArg, sys};
 
 use super::abi::{
     ANALYZE_THREADS, BILATERAL_BLOCK, BILATERAL_X_COLS, BILATERAL_Y_BLOCK, BILATERAL_Y_ROWS,
@@ -91,6 +91,21 @@ fn bilateral_grid(
     (cfg, luma as i32)
 }
 
+/// The arguments `tf_analysis` takes after the parameter block (`tf_analyze`'s and the tail of
+/// the x pass's): control, thumbnail sums, histogram, state, frame, ring capacity.
+fn analysis_args<'a, 'b>(
+    b: &'b mut LaunchArgs<'a>,
+    p: &'a DevicePtrs,
+    capacity: &'a i32,
+) -> &'b mut LaunchArgs<'a> {
+    b.arg(&p.control)
+        .arg(&p.thumb)
+        .arg(&p.hist)
+        .arg(&p.state)
+        .arg(&p.frame)
+        .arg(capacity)
+}
+
 /// Puts a frame of `key`'s shape on `stream`: the statistics memset, unpack, the analysis (in an
 /// extra block of the first x pass, or on its own: `GraphKey::analysis_in_x_pass`), the
 /// bilateral iterations with the temporal filter after `key.edge_iteration` of them (in the y
@@ -141,14 +156,9 @@ pub(crate) fn enqueue_frame(
     if !analysis_in_x {
         // SAFETY: as above.
         unsafe {
-            s.launch_builder(&k.analyze)
-                .arg(&p.params)
-                .arg(&p.control)
-                .arg(&p.thumb)
-                .arg(&p.hist)
-                .arg(&p.state)
-                .arg(&p.frame)
-                .arg(&capacity)
+            let mut b = s.launch_builder(&k.analyze);
+            b.arg(&p.params);
+            analysis_args(&mut b, p, &capacity)
                 .launch(grid(ANALYZE_THREADS, 1, (ANALYZE_THREADS, 1)))
                 .map_err(driver("tf_analyze"))?;
         }
@@ -189,8 +199,8 @@ pub(crate) fn enqueue_frame(
         bil_x.grid_dim.1 += analysis as u32;
         // SAFETY: as for the launches above.
         unsafe {
-            s.launch_builder(&k.bilateral_x)
-                .arg(&p.params)
+            let mut b = s.launch_builder(&k.bilateral_x);
+            b.arg(&p.params)
                 .arg(&p.feat_l)
                 .arg(&p.feat_uv)
                 .arg(&p.tmp_l)
@@ -199,13 +209,8 @@ pub(crate) fn enqueue_frame(
                 .arg(&p.dog2)
                 .arg(it)
                 .arg(&luma_blocks_x)
-                .arg(&analysis)
-                .arg(&p.control)
-                .arg(&p.thumb)
-                .arg(&p.hist)
-                .arg(&p.state)
-                .arg(&p.frame)
-                .arg(&capacity)
+                .arg(&analysis);
+            analysis_args(&mut b, p, &capacity)
                 .launch(bil_x)
                 .map_err(driver("tf_bilateral_x"))?;
             s.launch_builder(&k.bilateral_y)
