@@ -715,9 +715,11 @@ extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_
                                           const unsigned int* __restrict__ hist, TfState* __restrict__ st,
                                           TfFrame* __restrict__ fr, int capacity)
 {
-    // With analysis, the grid has one more row of blocks: its first block runs the frame's
-    // analysis (tf_analysis) beside the tiles, the others have nothing to do.
-    if (analysis && (int)blockIdx.y == (int)gridDim.y - 1) {
+    // With analysis, the grid has one more row of blocks, the first (dispatched first, so its
+    // latency hides behind the tiles): its first block runs the frame's analysis (tf_analysis),
+    // the others have nothing to do. block_y: the block row among the tiles'.
+    const int block_y = (int)blockIdx.y - (analysis ? 1 : 0);
+    if (block_y < 0) {
         if (blockIdx.x == 0) tf_analysis(p, ctl, thumb_sums, hist, st, fr, capacity);
         return;
     }
@@ -731,9 +733,9 @@ extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_
     const int x = x0 + c0;
     const float unit = tf_range_unit(p->range_coeff);
     tf_fill_tap_tables(p, tab);
-    if ((int)blockIdx.y < luma_blocks_y) {
+    if (block_y < luma_blocks_y) {
         const int W = p->width, H = p->height;
-        const int y = blockIdx.y * TF_BIL_BY + ty;
+        const int y = block_y * TF_BIL_BY + ty;
         const int r = p->luma_radius, er = p->edge_radius;
         const int dog = p->edge_iteration == iter_index;
         const int halo = dog && er > r ? er : r;
@@ -777,7 +779,7 @@ extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_
     } else {
         const int cw = p->chroma_width, ch = p->chroma_height;
         if (x0 >= cw) return;
-        const int y = (blockIdx.y - luma_blocks_y) * TF_BIL_BY + ty;
+        const int y = (block_y - luma_blocks_y) * TF_BIL_BY + ty;
         const int r = p->chroma_radius;
         const float cunit = TF_CHROMA_UNIT * unit;
         float2* row = tile + ty * TF_XT_W;

@@ -193,7 +193,7 @@ pub(crate) fn enqueue_frame(
             temporal()?;
         }
         let filter = (filter_in_y && *it as u32 + 1 == key.edge_iteration) as i32;
-        // The first x pass's extra row of blocks runs the analysis.
+        // The first x pass has an extra row of blocks, the first, for the analysis.
         let analysis = (analysis_in_x && *it == 0) as i32;
         let mut bil_x = bil_x;
         bil_x.grid_dim.1 += analysis as u32;
