@@ -108,6 +108,19 @@ __device__ __forceinline__ float tf_mad(float w, float v, float acc)
     return __fmaf_rn(w, v, acc);
 #endif
 }
+// tanh(x) for the edge factor and the soft quantizer. By default (1 - e) / (1 + e) with
+// e = 2^(-2 log2(e) |x|) (one ex2 and one reciprocal, the sign put back; within ~2e-7 of tanhf,
+// as the CPU fast path's tanh_fast), instead of tanhf's two branches of a dozen instructions
+// each; TF_ACCURATE_EXP=1 builds tanhf.
+__device__ __forceinline__ float tf_tanh(float x)
+{
+#if TF_ACCURATE_EXP
+    return tanhf(x);
+#else
+    const float e = tf_range_weight(-2.88539008177792681f * fabsf(x));
+    return copysignf(tf_div(1.0f - e, 1.0f + e), x);
+#endif
+}
 
 #ifndef TF_FP16
 #define TF_FP16 1
@@ -175,7 +188,7 @@ __device__ __forceinline__ float tf_edge_factor(float g1, float g2, const ToonPa
     if (h > 0.0f) {
         e = 1.0f;
     } else {
-        e = fminf(fmaxf(1.0f + tanhf(p->edge_sharpness * h), 0.0f), 1.0f);
+        e = fminf(fmaxf(1.0f + tf_tanh(p->edge_sharpness * h), 0.0f), 1.0f);
     }
     return 1.0f - p->edge_strength * (1.0f - e);
 }
@@ -186,7 +199,7 @@ __device__ __forceinline__ float tf_edge_factor(float g1, float g2, const ToonPa
 __device__ __forceinline__ float tf_quantize(float l, float dq, float inv_dq, float sharpness)
 {
     float q = dq * floorf(l * inv_dq + 0.5f);
-    return q + (dq * 0.5f) * tanhf(sharpness * (l - q));
+    return q + (dq * 0.5f) * tf_tanh(sharpness * (l - q));
 }
 
 __device__ __forceinline__ unsigned char tf_pack_luma(float lq, float e)
@@ -229,6 +242,18 @@ __device__ __forceinline__ void tf_thumb_add(unsigned int* sthumb, int row, int 
     if ((lane == 0 || prev != col) && v != 0u) atomicAdd(&sthumb[row * TF_TILE_TW + col], v);
 }
 
+// Byte value -> luma in L units and -> chroma, the CPU's expressions (src/pipeline/cpu.rs),
+// folded by the compiler (IEEE division of exact operands, so the same bits): tf_unpack copies
+// them into shared memory instead of dividing 512 times per block.
+#define TF_BYTES4(f, i) f(i), f(i + 1), f(i + 2), f(i + 3)
+#define TF_BYTES16(f, i) TF_BYTES4(f, i), TF_BYTES4(f, i + 4), TF_BYTES4(f, i + 8), TF_BYTES4(f, i + 12)
+#define TF_BYTES64(f, i) TF_BYTES16(f, i), TF_BYTES16(f, i + 16), TF_BYTES16(f, i + 32), TF_BYTES16(f, i + 48)
+#define TF_BYTES256(f) TF_BYTES64(f, 0), TF_BYTES64(f, 64), TF_BYTES64(f, 128), TF_BYTES64(f, 192)
+#define TF_LUMA_OF(i) (100.0f * (float)(i) / 255.0f)
+#define TF_CHROMA_OF(i) (((float)(i) - 128.0f) / 255.0f)
+__device__ const float tf_luma_of_byte[256] = {TF_BYTES256(TF_LUMA_OF)};
+__device__ const float tf_chroma_of_byte[256] = {TF_BYTES256(TF_CHROMA_OF)};
+
 extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const unsigned char* __restrict__ nv12,
                                      tf_store* __restrict__ L, tf_store* __restrict__ UV,
                                      unsigned int* __restrict__ thumb_sums, unsigned int* __restrict__ hist)
@@ -237,7 +262,7 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
     __shared__ unsigned int sthumb[TF_TILE_TH * TF_TILE_TW];
     __shared__ int scol[TF_TILE_TW];
     __shared__ int srow[TF_TILE_TH];
-    // Byte value -> luma in L units, and -> chroma (the CPU's expressions, so the same bits).
+    // tf_luma_of_byte and tf_chroma_of_byte.
     __shared__ float sluma[256], schroma[256];
     const int W = p->width, H = p->height;
     const int cw = p->chroma_width, ch = p->chroma_height;
@@ -250,8 +275,8 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
         for (int i = tid; i < TF_HIST_BINS; i += nthreads) shist[i] = 0u;
     for (int i = tid; i < TF_TILE_TH * TF_TILE_TW; i += nthreads) sthumb[i] = 0u;
     for (int i = tid; i < 256; i += nthreads) {
-        sluma[i] = 100.0f * (float)i / 255.0f;
-        schroma[i] = ((float)i - 128.0f) / 255.0f;
+        sluma[i] = tf_luma_of_byte[i];
+        schroma[i] = tf_chroma_of_byte[i];
     }
     const int tx0 = blockIdx.x * TF_TILE_TW;
     const int ty0 = blockIdx.y * TF_TILE_TH;
@@ -432,6 +457,17 @@ __device__ __forceinline__ void tf_analysis(const ToonParams* __restrict__ p, co
     fr->levels_valid = valid;
     fr->black = black;
     fr->white = white;
+    // tf_final's per-frame constants (its threads would each divide for them).
+    fr->levels_stretch = valid ? 100.0f / (white - black) : 1.0f;
+    fr->level_step = 100.0f / (float)p->levels;
+    fr->level_inv_step = (float)p->levels / 100.0f;
+    float n1 = 0.0f, n2 = 0.0f;
+    for (int j = -p->edge_radius; j <= p->edge_radius; ++j) {
+        n1 += p->edge_gauss1[j < 0 ? -j : j];
+        n2 += p->edge_gauss2[j < 0 ? -j : j];
+    }
+    fr->edge_inv1 = 1.0f / n1;
+    fr->edge_inv2 = 1.0f / n2;
 }
 
 extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
@@ -942,11 +978,11 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
 // DoG y pass of the 2x2 luma block at (x0, y0): both Gaussians over rows y0 - R .. y0 + 1 + R,
 // each row read once (a float2 per plane: x0 and the width are even) for both output rows. Each
 // output's sums still run over j = -R .. R in order, as on the CPU. Out: g1[dy], g2[dy] (x: the
-// left pixel, y: the right one), normalised by their weight sums.
+// left pixel, y: the right one), normalised by inv1 / inv2 (TfFrame's edge_inv1/2).
 template <int RF>
 __device__ __forceinline__ void tf_dog_y_block(const ToonParams* __restrict__ p, const float* __restrict__ dog1,
                                                const float* __restrict__ dog2, int x0, int y0, int W, int H, int r,
-                                               float2 g1[2], float2 g2[2])
+                                               float inv1, float inv2, float2 g1[2], float2 g2[2])
 {
     const int R = RF >= 0 ? RF : r;
     const float* __restrict__ ga = p->edge_gauss1;
@@ -955,7 +991,8 @@ __device__ __forceinline__ void tf_dog_y_block(const ToonParams* __restrict__ p,
     float2 s2[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
 #pragma unroll
     for (int i = -R; i <= R + 1; ++i) {
-        const long o = (long)tf_clampi(y0 + i, 0, H - 1) * W + x0;
+        // 32-bit: a plane's element count fits (the geometry caps frames far below 2^31 pixels).
+        const int o = tf_clampi(y0 + i, 0, H - 1) * W + x0;
         const float2 a = *reinterpret_cast<const float2*>(dog1 + o);
         const float2 b = *reinterpret_cast<const float2*>(dog2 + o);
 #pragma unroll
@@ -969,13 +1006,6 @@ __device__ __forceinline__ void tf_dog_y_block(const ToonParams* __restrict__ p,
             s2[dy].y = tf_mad(wb, b.y, s2[dy].y);
         }
     }
-    float n1 = 0.0f, n2 = 0.0f;
-#pragma unroll
-    for (int j = -R; j <= R; ++j) {
-        n1 += ga[j < 0 ? -j : j];
-        n2 += gb[j < 0 ? -j : j];
-    }
-    const float inv1 = 1.0f / n1, inv2 = 1.0f / n2;
 #pragma unroll
     for (int dy = 0; dy < 2; ++dy) {
         g1[dy] = make_float2(s1[dy].x * inv1, s1[dy].y * inv1);
@@ -994,16 +1024,15 @@ extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFr
     const int cy = blockIdx.y * blockDim.y + threadIdx.y;
     if (cx >= cw || cy >= ch) return;
     const int use_levels = (p->auto_levels != 0) && (fr->levels_valid != 0);
-    const float black = fr->black, white = fr->white;
-    const float stretch = use_levels ? 100.0f / (white - black) : 1.0f;
-    const float dq = 100.0f / (float)p->levels, inv_dq = (float)p->levels / 100.0f;
+    const float black = fr->black, stretch = fr->levels_stretch;
+    const float dq = fr->level_step, inv_dq = fr->level_inv_step;
     const int er = p->edge_radius;
 
     float2 g1[2], g2[2];
     if (er == TF_EDGE_R) {
-        tf_dog_y_block<TF_EDGE_R>(p, dog1, dog2, 2 * cx, 2 * cy, W, H, er, g1, g2);
+        tf_dog_y_block<TF_EDGE_R>(p, dog1, dog2, 2 * cx, 2 * cy, W, H, er, fr->edge_inv1, fr->edge_inv2, g1, g2);
     } else {
-        tf_dog_y_block<-1>(p, dog1, dog2, 2 * cx, 2 * cy, W, H, er, g1, g2);
+        tf_dog_y_block<-1>(p, dog1, dog2, 2 * cx, 2 * cy, W, H, er, fr->edge_inv1, fr->edge_inv2, g1, g2);
     }
     float emin = 0.0f;
 #pragma unroll
@@ -1023,9 +1052,9 @@ extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFr
         *reinterpret_cast<unsigned short*>(out + idx) = (unsigned short)(px[0] | (px[1] << 8));
     }
 
-    const long c0 = 2L * ((long)cy * cw + cx);
+    const float2 c = tf_ld2(UV, (long)cy * cw + cx);
     const float sat = p->saturation;
-    unsigned char* uvo = out + (long)H * W + (long)cy * W + 2 * cx;
-    uvo[0] = tf_pack_chroma(tf_ld(UV, c0), sat, emin);
-    uvo[1] = tf_pack_chroma(tf_ld(UV, c0 + 1), sat, emin);
+    // Both bytes in one 16-bit store (the row offset W and 2 * cx are even).
+    *reinterpret_cast<unsigned short*>(out + (long)H * W + (long)cy * W + 2 * cx) =
+        (unsigned short)(tf_pack_chroma(c.x, sat, emin) | (tf_pack_chroma(c.y, sat, emin) << 8));
 }
