@@ -10,9 +10,11 @@
 // and half storage would move the lines.
 //
 // A frame is (launch order):
-//   memset(stats)             thumbnail block sums + histogram to zero (a memset node, no kernel)
-//   tf_unpack                 NV12 -> L, UV planes; thumbnail block sums; histogram
-//   tf_analyze                scene score, cut decision, ring bookkeeping, auto-levels (1 block)
+//   tf_unpack                 NV12 -> L, UV planes; thumbnail block sums; histogram (into
+//                             statistics the previous frame's analysis left zero)
+//   tf_analyze                scene score, cut decision, ring bookkeeping, auto-levels, the
+//                             statistics back to zero (1 block; by default an extra block of the
+//                             first tf_bilateral_x instead)
 //   tf_bilateral_x / _y       edge_iteration iterations, luma and chroma in one launch each; the
 //                             last y pass filters its output temporally and pushes the raw
 //                             features into the ring (no filter when the ring has no slot)
@@ -350,10 +352,11 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
 // pass runs it beside that pass's tiles (nothing before the temporal filter reads its results);
 // tf_analyze runs it on its own when the temporal filter comes before the first iteration.
 // Any block size that is a multiple of 32 (up to 1024).
+// It is the statistics' only reader: it leaves them zero for the next frame's tf_unpack (the
+// arena starts zeroed, the host clears them when a plan is installed), so a frame needs no memset.
 __device__ __forceinline__ void tf_analysis(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
-                                            const unsigned int* __restrict__ thumb_sums,
-                                            const unsigned int* __restrict__ hist, TfState* __restrict__ st,
-                                            TfFrame* __restrict__ fr, int capacity)
+                                            unsigned int* __restrict__ thumb_sums, unsigned int* __restrict__ hist,
+                                            TfState* __restrict__ st, TfFrame* __restrict__ fr, int capacity)
 {
     __shared__ float spart[32];
     __shared__ unsigned int shist[TF_HIST_BINS];
@@ -368,7 +371,10 @@ __device__ __forceinline__ void tf_analysis(const ToonParams* __restrict__ p, co
     const int nthreads = blockDim.x * blockDim.y;
     for (int i = tid; i < tw; i += nthreads) scols[i] = tf_block_start(i + 1, tw, W) - tf_block_start(i, tw, W);
     for (int i = tid; i < th; i += nthreads) srows[i] = tf_block_start(i + 1, th, H) - tf_block_start(i, th, H);
-    for (int i = tid; i < TF_HIST_BINS; i += nthreads) shist[i] = hist[i];
+    for (int i = tid; i < TF_HIST_BINS; i += nthreads) {
+        shist[i] = hist[i];
+        hist[i] = 0u;
+    }
     __syncthreads();
 
     // Cells walked in the thumb_sums layout (TF_THUMB_W a compile-time constant: no division by
@@ -379,6 +385,7 @@ __device__ __forceinline__ void tf_analysis(const ToonParams* __restrict__ p, co
         if (bx >= tw) continue;
         const float count = (float)(srows[by] * scols[bx]);
         const float m = 100.0f * (float)thumb_sums[i] / (255.0f * count);
+        thumb_sums[i] = 0u;
         const int cell = by * tw + bx;
         if (has_prev) part += fabsf(st->prev_thumb[cell] - m);
         st->prev_thumb[cell] = m;
@@ -471,9 +478,8 @@ __device__ __forceinline__ void tf_analysis(const ToonParams* __restrict__ p, co
 }
 
 extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
-                                      const unsigned int* __restrict__ thumb_sums,
-                                      const unsigned int* __restrict__ hist, TfState* __restrict__ st,
-                                      TfFrame* __restrict__ fr, int capacity)
+                                      unsigned int* __restrict__ thumb_sums, unsigned int* __restrict__ hist,
+                                      TfState* __restrict__ st, TfFrame* __restrict__ fr, int capacity)
 {
     tf_analysis(p, ctl, thumb_sums, hist, st, fr, capacity);
 }
@@ -747,9 +753,8 @@ extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_
                                           tf_store* __restrict__ UVo, float* __restrict__ dog1,
                                           float* __restrict__ dog2, int iter_index, int luma_blocks_y,
                                           int analysis, const TfControl* __restrict__ ctl,
-                                          const unsigned int* __restrict__ thumb_sums,
-                                          const unsigned int* __restrict__ hist, TfState* __restrict__ st,
-                                          TfFrame* __restrict__ fr, int capacity)
+                                          unsigned int* __restrict__ thumb_sums, unsigned int* __restrict__ hist,
+                                          TfState* __restrict__ st, TfFrame* __restrict__ fr, int capacity)
 {
     // With analysis, the grid has one more row of blocks, the first (dispatched first, so its
     // latency hides behind the tiles): its first block runs the frame's analysis (tf_analysis),

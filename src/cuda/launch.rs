@@ -1,5 +1,5 @@
 //! The classic pipeline's launches: the device addresses of the planned buffers and the
-//! sequence of a frame (a memset and the kernels), enqueued on one stream. Nothing here reads
+//! sequence of a frame (its kernels), enqueued on one stream. Nothing here reads
 //! from the device or allocates, so the sequence can be captured into a graph.
 
 use cudarc::driver::{CudaStream, LaunchArgs, LaunchConfig, PushKernelArg, sys};
@@ -106,7 +106,19 @@ fn analysis_args<'a, 'b>(
         .arg(capacity)
 }
 
-/// Puts a frame of `key`'s shape on `stream`: the statistics memset, unpack, the analysis (in an
+/// Zeroes the statistics (thumbnail sums, histogram) on `stream`, for a plan just installed; after
+/// that each frame's analysis leaves them zero for the next frame's unpack.
+pub(crate) fn clear_statistics(stream: &CudaStream, p: &DevicePtrs) -> Result<(), CudaError> {
+    // SAFETY: `p.thumb` addresses the statistics buffer of STATS_BYTES bytes in the arena, which
+    // outlives the stream's work on it.
+    unsafe {
+        sys::cuMemsetD32Async(p.thumb, 0, (STATS_BYTES / 4) as usize, stream.cu_stream())
+            .result()
+            .map_err(driver("cuMemsetD32Async"))
+    }
+}
+
+/// Puts a frame of `key`'s shape on `stream`: unpack (into statistics left zero), the analysis (in an
 /// extra block of the first x pass, or on its own: `GraphKey::analysis_in_x_pass`), the
 /// bilateral iterations with the temporal filter after `key.edge_iteration` of them (in the y
 /// pass that ends that iteration; a launch of its own when it comes before the first), the
@@ -122,12 +134,6 @@ pub(crate) fn enqueue_frame(
     let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
     let n = key.iterations();
     let capacity = key.ring_capacity() as i32;
-    // SAFETY: `p.thumb` addresses the statistics buffer of STATS_BYTES bytes in the arena.
-    unsafe {
-        sys::cuMemsetD32Async(p.thumb, 0, (STATS_BYTES / 4) as usize, s.cu_stream())
-            .result()
-            .map_err(driver("cuMemsetD32Async"))?;
-    }
     // One thread per chroma sample.
     let tile = grid(cw, ch, TILE_BLOCK);
     // The luma rows' blocks, then the chroma rows' blocks, in one launch (x and y passes).

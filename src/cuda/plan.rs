@@ -107,14 +107,14 @@ pub fn classic_plan(shape: &Shape) -> MemoryPlan {
             first: 0,
             last,
         },
-        // Read by the analysis, which by default runs in an extra block of the first bilateral
-        // x pass, beside tiles that write the bilateral and DoG planes: live through that stage,
-        // so those planes never share its space.
+        // Gathered by unpack, read by the analysis (by default in an extra block of the first
+        // bilateral x pass, beside tiles that write the bilateral and DoG planes), which leaves
+        // them zero for the next frame: live for the whole frame, so they share no space.
         BufferRequest {
             name: STATS.into(),
             bytes: STATS_BYTES,
-            first: Stages::UNPACK,
-            last: Stages::FIRST_BILATERAL,
+            first: 0,
+            last,
         },
         BufferRequest {
             name: NV12_IN.into(),
