@@ -10,12 +10,15 @@
 // and half storage would move the lines.
 //
 // A frame is (launch order):
-//   memset(stats)             thumbnail block sums + histogram to zero (a memset node, no kernel)
-//   tf_unpack                 NV12 -> L, UV planes; thumbnail block sums; histogram
-//   tf_analyze                scene score, cut decision, ring bookkeeping, auto-levels (1 block)
-//   tf_bilateral_x / _y       edge_iteration iterations, luma and chroma in one launch each
-//   tf_temporal               temporal filter of the features in place, ring push (skipped
-//                             when the ring has no slot)
+//   tf_unpack                 NV12 -> L, UV planes; thumbnail block sums; histogram (into
+//                             statistics the previous frame's analysis left zero)
+//   tf_analyze                scene score, cut decision, ring bookkeeping, auto-levels, the
+//                             statistics back to zero (1 block; by default an extra block of the
+//                             first tf_bilateral_x instead)
+//   tf_bilateral_x / _y       edge_iteration iterations, luma and chroma in one launch each; the
+//                             last y pass filters its output temporally and pushes the raw
+//                             features into the ring (no filter when the ring has no slot)
+//   tf_temporal               the same on its own, only when edge_iteration == 0
 //   tf_bilateral_x / _y       the remaining iterations; the first x pass after the temporal
 //                             filter also computes the DoG x pass of the filtered luma
 //   tf_dog_x                  only when edge_iteration == bilateral_iterations
@@ -107,6 +110,19 @@ __device__ __forceinline__ float tf_mad(float w, float v, float acc)
     return __fmaf_rn(w, v, acc);
 #endif
 }
+// tanh(x) for the edge factor and the soft quantizer. By default (1 - e) / (1 + e) with
+// e = 2^(-2 log2(e) |x|) (one ex2 and one reciprocal, the sign put back; within ~2e-7 of tanhf,
+// as the CPU fast path's tanh_fast), instead of tanhf's two branches of a dozen instructions
+// each; TF_ACCURATE_EXP=1 builds tanhf.
+__device__ __forceinline__ float tf_tanh(float x)
+{
+#if TF_ACCURATE_EXP
+    return tanhf(x);
+#else
+    const float e = tf_range_weight(-2.88539008177792681f * fabsf(x));
+    return copysignf(tf_div(1.0f - e, 1.0f + e), x);
+#endif
+}
 
 #ifndef TF_FP16
 #define TF_FP16 1
@@ -174,7 +190,7 @@ __device__ __forceinline__ float tf_edge_factor(float g1, float g2, const ToonPa
     if (h > 0.0f) {
         e = 1.0f;
     } else {
-        e = fminf(fmaxf(1.0f + tanhf(p->edge_sharpness * h), 0.0f), 1.0f);
+        e = fminf(fmaxf(1.0f + tf_tanh(p->edge_sharpness * h), 0.0f), 1.0f);
     }
     return 1.0f - p->edge_strength * (1.0f - e);
 }
@@ -185,7 +201,7 @@ __device__ __forceinline__ float tf_edge_factor(float g1, float g2, const ToonPa
 __device__ __forceinline__ float tf_quantize(float l, float dq, float inv_dq, float sharpness)
 {
     float q = dq * floorf(l * inv_dq + 0.5f);
-    return q + (dq * 0.5f) * tanhf(sharpness * (l - q));
+    return q + (dq * 0.5f) * tf_tanh(sharpness * (l - q));
 }
 
 __device__ __forceinline__ unsigned char tf_pack_luma(float lq, float e)
@@ -228,6 +244,18 @@ __device__ __forceinline__ void tf_thumb_add(unsigned int* sthumb, int row, int 
     if ((lane == 0 || prev != col) && v != 0u) atomicAdd(&sthumb[row * TF_TILE_TW + col], v);
 }
 
+// Byte value -> luma in L units and -> chroma, the CPU's expressions (src/pipeline/cpu.rs),
+// folded by the compiler (IEEE division of exact operands, so the same bits): tf_unpack copies
+// them into shared memory instead of dividing 512 times per block.
+#define TF_BYTES4(f, i) f(i), f(i + 1), f(i + 2), f(i + 3)
+#define TF_BYTES16(f, i) TF_BYTES4(f, i), TF_BYTES4(f, i + 4), TF_BYTES4(f, i + 8), TF_BYTES4(f, i + 12)
+#define TF_BYTES64(f, i) TF_BYTES16(f, i), TF_BYTES16(f, i + 16), TF_BYTES16(f, i + 32), TF_BYTES16(f, i + 48)
+#define TF_BYTES256(f) TF_BYTES64(f, 0), TF_BYTES64(f, 64), TF_BYTES64(f, 128), TF_BYTES64(f, 192)
+#define TF_LUMA_OF(i) (100.0f * (float)(i) / 255.0f)
+#define TF_CHROMA_OF(i) (((float)(i) - 128.0f) / 255.0f)
+__device__ const float tf_luma_of_byte[256] = {TF_BYTES256(TF_LUMA_OF)};
+__device__ const float tf_chroma_of_byte[256] = {TF_BYTES256(TF_CHROMA_OF)};
+
 extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const unsigned char* __restrict__ nv12,
                                      tf_store* __restrict__ L, tf_store* __restrict__ UV,
                                      unsigned int* __restrict__ thumb_sums, unsigned int* __restrict__ hist)
@@ -236,7 +264,7 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
     __shared__ unsigned int sthumb[TF_TILE_TH * TF_TILE_TW];
     __shared__ int scol[TF_TILE_TW];
     __shared__ int srow[TF_TILE_TH];
-    // Byte value -> luma in L units, and -> chroma (the CPU's expressions, so the same bits).
+    // tf_luma_of_byte and tf_chroma_of_byte.
     __shared__ float sluma[256], schroma[256];
     const int W = p->width, H = p->height;
     const int cw = p->chroma_width, ch = p->chroma_height;
@@ -249,8 +277,8 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
         for (int i = tid; i < TF_HIST_BINS; i += nthreads) shist[i] = 0u;
     for (int i = tid; i < TF_TILE_TH * TF_TILE_TW; i += nthreads) sthumb[i] = 0u;
     for (int i = tid; i < 256; i += nthreads) {
-        sluma[i] = 100.0f * (float)i / 255.0f;
-        schroma[i] = ((float)i - 128.0f) / 255.0f;
+        sluma[i] = tf_luma_of_byte[i];
+        schroma[i] = tf_chroma_of_byte[i];
     }
     const int tx0 = blockIdx.x * TF_TILE_TW;
     const int ty0 = blockIdx.y * TF_TILE_TH;
@@ -318,16 +346,19 @@ extern "C" __global__ void tf_unpack(const ToonParams* __restrict__ p, const uns
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. Analysis: one block of TF_ANALYZE_THREADS threads (a few thousand thumbnail blocks and 256
-// histogram bins: one block finishes in a few microseconds once the index math is 32-bit and the
-// block sizes are looked up, not divided out per cell).
-
-extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
-                                      const unsigned int* __restrict__ thumb_sums,
-                                      const unsigned int* __restrict__ hist, TfState* __restrict__ st,
-                                      TfFrame* __restrict__ fr, int capacity)
+// 2. Analysis: one block (a few thousand thumbnail blocks and 256 histogram bins: one block
+// finishes in a few microseconds once the index math is 32-bit and the block sizes are looked up,
+// not divided out per cell). It is latency, not work: by default an extra block of the first x
+// pass runs it beside that pass's tiles (nothing before the temporal filter reads its results);
+// tf_analyze runs it on its own when the temporal filter comes before the first iteration.
+// Any block size that is a multiple of 32 (up to 1024).
+// It is the statistics' only reader: it leaves them zero for the next frame's tf_unpack (the
+// arena starts zeroed, the host clears them when a plan is installed), so a frame needs no memset.
+__device__ __forceinline__ void tf_analysis(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
+                                            unsigned int* __restrict__ thumb_sums, unsigned int* __restrict__ hist,
+                                            TfState* __restrict__ st, TfFrame* __restrict__ fr, int capacity)
 {
-    __shared__ float spart[TF_ANALYZE_THREADS / 32];
+    __shared__ float spart[32];
     __shared__ unsigned int shist[TF_HIST_BINS];
     __shared__ int scols[TF_THUMB_W];
     __shared__ int srows[TF_THUMB_H];
@@ -336,20 +367,25 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
     const int n = tw * th;
     const int reset = ctl->reset;
     const int has_prev = (st->has_prev != 0) && (reset == 0);
-    const int tid = threadIdx.x;
-    for (int i = tid; i < tw; i += TF_ANALYZE_THREADS) scols[i] = tf_block_start(i + 1, tw, W) - tf_block_start(i, tw, W);
-    for (int i = tid; i < th; i += TF_ANALYZE_THREADS) srows[i] = tf_block_start(i + 1, th, H) - tf_block_start(i, th, H);
-    for (int i = tid; i < TF_HIST_BINS; i += TF_ANALYZE_THREADS) shist[i] = hist[i];
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int nthreads = blockDim.x * blockDim.y;
+    for (int i = tid; i < tw; i += nthreads) scols[i] = tf_block_start(i + 1, tw, W) - tf_block_start(i, tw, W);
+    for (int i = tid; i < th; i += nthreads) srows[i] = tf_block_start(i + 1, th, H) - tf_block_start(i, th, H);
+    for (int i = tid; i < TF_HIST_BINS; i += nthreads) {
+        shist[i] = hist[i];
+        hist[i] = 0u;
+    }
     __syncthreads();
 
     // Cells walked in the thumb_sums layout (TF_THUMB_W a compile-time constant: no division by
     // the runtime width); prev_thumb is packed by the thumbnail's width.
     float part = 0.0f;
-    for (int i = tid; i < th * TF_THUMB_W; i += TF_ANALYZE_THREADS) {
+    for (int i = tid; i < th * TF_THUMB_W; i += nthreads) {
         const int by = i / TF_THUMB_W, bx = i % TF_THUMB_W;
         if (bx >= tw) continue;
         const float count = (float)(srows[by] * scols[bx]);
         const float m = 100.0f * (float)thumb_sums[i] / (255.0f * count);
+        thumb_sums[i] = 0u;
         const int cell = by * tw + bx;
         if (has_prev) part += fabsf(st->prev_thumb[cell] - m);
         st->prev_thumb[cell] = m;
@@ -360,7 +396,7 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
     if ((tid & 31) == 0) spart[tid / 32] = part;
     __syncthreads();
     if (tid >= 32) return;
-    part = tid < TF_ANALYZE_THREADS / 32 ? spart[tid] : 0.0f;
+    part = tid < nthreads / 32 ? spart[tid] : 0.0f;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) part += __shfl_down_sync(0xffffffffu, part, off);
     if (tid != 0) return;
@@ -428,6 +464,113 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
     fr->levels_valid = valid;
     fr->black = black;
     fr->white = white;
+    // tf_final's per-frame constants (its threads would each divide for them).
+    fr->levels_stretch = valid ? 100.0f / (white - black) : 1.0f;
+    fr->level_step = 100.0f / (float)p->levels;
+    fr->level_inv_step = (float)p->levels / 100.0f;
+    float n1 = 0.0f, n2 = 0.0f;
+    for (int j = -p->edge_radius; j <= p->edge_radius; ++j) {
+        n1 += p->edge_gauss1[j < 0 ? -j : j];
+        n2 += p->edge_gauss2[j < 0 ? -j : j];
+    }
+    fr->edge_inv1 = 1.0f / n1;
+    fr->edge_inv2 = 1.0f / n2;
+}
+
+extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const TfControl* __restrict__ ctl,
+                                      unsigned int* __restrict__ thumb_sums, unsigned int* __restrict__ hist,
+                                      TfState* __restrict__ st, TfFrame* __restrict__ fr, int capacity)
+{
+    tf_analysis(p, ctl, thumb_sums, hist, st, fr, capacity);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The temporal filter of one feature value against the ring (ToonParams' temporal_strength and
+// motion_coeff; TfFrame's recent slots, newest first): f = sum w_k f_k / sum w_k, w_0 = 1,
+// w_k = s^k exp(motion_coeff d_k^2). Used by the y pass that ends the edge iteration, as it writes
+// its output, and by tf_temporal.
+struct TfHistory {
+    const tf_store* ring;
+    long slot_elems;
+    const int* recent; // TfFrame's recent_slot
+    int used;
+    float strength, mk;
+    __device__ __forceinline__ const tf_store* slot(int k) const { return ring + (long)recent[k] * slot_elems; }
+};
+
+__device__ __forceinline__ TfHistory tf_history(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
+                                                const tf_store* ring, long slot_elems)
+{
+    return {ring, slot_elems, fr->recent_slot, fr->history_used, p->temporal_strength, tf_range_scale(p->motion_coeff)};
+}
+
+// The ring slot this frame's raw features go to (nullptr: no ring).
+__device__ __forceinline__ tf_store* tf_push_slot(const TfFrame* __restrict__ fr, tf_store* ring, long slot_elems)
+{
+    return fr->push_slot >= 0 ? ring + (long)fr->push_slot * slot_elems : nullptr;
+}
+
+// Luma value f0 at element idx of the luma plane.
+__device__ __forceinline__ float tf_filter_luma(const TfHistory& h, float f0, long idx)
+{
+    float acc = f0, wsum = 1.0f, sk = 1.0f;
+#pragma unroll
+    for (int k = 0; k < TF_MAX_HISTORY; ++k) {
+        if (k >= h.used) break;
+        const float fk = tf_ld(h.slot(k), idx);
+        sk *= h.strength;
+        const float d = fk - f0;
+        const float w = sk * tf_range_weight(h.mk * d * d);
+        acc += w * fk;
+        wsum += w;
+    }
+    return tf_div(acc, wsum);
+}
+
+// Chroma pair c at pair index cpair of the chroma plane (luma_elems past the slot's start), the
+// distance taken jointly in L units.
+__device__ __forceinline__ float2 tf_filter_chroma(const TfHistory& h, float2 c, long cpair, long luma_elems)
+{
+    float au = c.x, av = c.y, wsum = 1.0f, sk = 1.0f;
+#pragma unroll
+    for (int k = 0; k < TF_MAX_HISTORY; ++k) {
+        if (k >= h.used) break;
+        const float2 n = tf_ld2(h.slot(k) + luma_elems, cpair);
+        sk *= h.strength;
+        const float du = 100.0f * (n.x - c.x);
+        const float dv = 100.0f * (n.y - c.y);
+        const float w = sk * tf_range_weight(h.mk * (du * du + dv * dv));
+        au += w * n.x;
+        av += w * n.y;
+        wsum += w;
+    }
+    return make_float2(tf_div(au, wsum), tf_div(av, wsum));
+}
+
+// One plane's values (float: luma, float2: a chroma pair) through the temporal filter, in place:
+// the n elements first + q * step, each pushed as it was (pushed: the push slot's plane or
+// nullptr) after the filter read its history. luma_elems: where a ring slot's chroma starts.
+__device__ __forceinline__ float tf_filter_at(const TfHistory& h, float f, long i, long) { return tf_filter_luma(h, f, i); }
+__device__ __forceinline__ float2 tf_filter_at(const TfHistory& h, float2 c, long i, long luma_elems)
+{
+    return tf_filter_chroma(h, c, i, luma_elems);
+}
+__device__ __forceinline__ void tf_ld_at(const tf_store* p, long i, float& v) { v = tf_ld(p, i); }
+__device__ __forceinline__ void tf_ld_at(const tf_store* p, long i, float2& v) { v = tf_ld2(p, i); }
+__device__ __forceinline__ void tf_st_at(tf_store* p, long i, float v) { tf_st(p, i, v); }
+__device__ __forceinline__ void tf_st_at(tf_store* p, long i, float2 v) { tf_st2(p, i, v); }
+template <typename T>
+__device__ __forceinline__ void tf_filter_column(const TfHistory& h, tf_store* plane, tf_store* pushed, long first,
+                                                 long step, int n, long luma_elems)
+{
+#pragma unroll 1
+    for (int q = 0; q < n; ++q) {
+        const long i = first + q * step;
+        T raw;
+        tf_ld_at(plane, i, raw);
+        tf_st_at(plane, i, tf_filter_at(h, raw, i, luma_elems));
+        if (pushed) tf_st_at(pushed, i, raw);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -458,9 +601,7 @@ extern "C" __global__ void tf_analyze(const ToonParams* __restrict__ p, const Tf
 // Chroma is compared in L units: its range unit is 100 luma units.
 #define TF_CHROMA_UNIT 100.0f
 
-// The range weight of the tap nb of centre c (both in range units), spatial table entry t. The
-// distance only enters squared and IEEE negation is exact, so swapping c and nb gives the same
-// bits: a pair of pixels needs its weight once for both ends (tf_strip relies on this).
+// The range weight of the tap nb of centre c (both in range units), spatial table entry t.
 __device__ __forceinline__ float tf_pair_weight(float c, float nb, float t) { return tf_tap_weight(nb - c, t); }
 __device__ __forceinline__ float tf_pair_weight(float2 c, float2 nb, float t)
 {
@@ -535,8 +676,8 @@ __device__ __forceinline__ void tf_dog_x_store(const float* s, const float* __re
 #pragma unroll
     for (int j = -R; j <= R; ++j) {
         const int m = j < 0 ? -j : j;
-        a1 += g1[m] * s[j];
-        a2 += g2[m] * s[j];
+        a1 = tf_mad(g1[m], s[j], a1);
+        a2 = tf_mad(g2[m], s[j], a2);
     }
     dog1[idx] = a1 * inv1;
     dog2[idx] = a2 * inv2;
@@ -574,9 +715,7 @@ __device__ __forceinline__ void tf_load_row2(float2* tile, const tf_store* __res
 // a shared tile: along a row for the x pass, down a column for the y pass, in range units
 // `unit`); out(q, value, centre) takes output q with its taps centre[j * step]. With R known at
 // compile time the taps are first copied into registers (each shared value read once for all N
-// outputs; centre then points there, step 1) and outputs within R of each other share their
-// pair's range weight: output q computes the pair (q, q + j) for its tap +j, output q + j takes
-// it for its tap -j (same bits, tf_pair_weight). Otherwise the taps read the tile.
+// outputs; centre then points there, step 1); otherwise the taps read the tile.
 template <int RF, int N, typename T, typename Out>
 __device__ __forceinline__ void tf_strip(const T* first, int step, int r, const float* t, float w0, float unit, Out out)
 {
@@ -588,28 +727,8 @@ __device__ __forceinline__ void tf_strip(const T* first, int step, int r, const 
         float tr[R + 1];
 #pragma unroll
         for (int j = 0; j <= R; ++j) tr[j] = t[j];
-        // shared[q][j - 1]: the weight of the pair (q, q + j), computed by output q.
-        float shared[N][R > 0 ? R : 1];
 #pragma unroll
-        for (int q = 0; q < N; ++q) {
-            const T c = v[R + q];
-            auto sum = tf_sum_zero(c);
-#pragma unroll
-            for (int j = -R; j <= R; ++j) {
-                const T nb = v[R + q + j];
-                float w;
-                if (j == 0) {
-                    w = w0;
-                } else if (j < 0 && q + j >= 0) {
-                    w = shared[q + j][-j - 1];
-                } else {
-                    w = tf_pair_weight(c, nb, tr[j < 0 ? -j : j]);
-                    if (j > 0) shared[q][j - 1] = w;
-                }
-                tf_sum_add(sum, w, nb);
-            }
-            out(q, tf_sum_value(sum, unit), &v[R + q]);
-        }
+        for (int q = 0; q < N; ++q) out(q, tf_sum_value(tf_bil<RF>(&v[R + q], 1, tr, w0, r), unit), &v[R + q]);
     } else {
 #pragma unroll
         for (int q = 0; q < N; ++q) {
@@ -619,18 +738,32 @@ __device__ __forceinline__ void tf_strip(const T* first, int step, int r, const 
     }
 }
 
-// Five blocks of the x pass per SM where the SM holds that many threads (sm_80 and later): the
-// register cap that allows it costs a few bytes of spill, less than the occupancy it buys.
+// Blocks per SM the bilateral passes are compiled for where the SM holds that many threads (sm_80
+// and later): the register caps that allow them cost at most a few bytes of spill, less than the
+// occupancy they buy.
 #if __CUDA_ARCH__ >= 800
 #define TF_BILX_MIN_BLOCKS 5
+#define TF_BILY_MIN_BLOCKS 6
 #else
 #define TF_BILX_MIN_BLOCKS 1
+#define TF_BILY_MIN_BLOCKS 1
 #endif
 extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_BLOCKS) tf_bilateral_x(const ToonParams* __restrict__ p, const tf_store* __restrict__ L,
                                           const tf_store* __restrict__ UV, tf_store* __restrict__ Lo,
                                           tf_store* __restrict__ UVo, float* __restrict__ dog1,
-                                          float* __restrict__ dog2, int iter_index, int luma_blocks_y)
+                                          float* __restrict__ dog2, int iter_index, int luma_blocks_y,
+                                          int analysis, const TfControl* __restrict__ ctl,
+                                          unsigned int* __restrict__ thumb_sums, unsigned int* __restrict__ hist,
+                                          TfState* __restrict__ st, TfFrame* __restrict__ fr, int capacity)
 {
+    // With analysis, the grid has one more row of blocks, the first (dispatched first, so its
+    // latency hides behind the tiles): its first block runs the frame's analysis (tf_analysis),
+    // the others have nothing to do. block_y: the block row among the tiles'.
+    const int block_y = (int)blockIdx.y - (analysis ? 1 : 0);
+    if (block_y < 0) {
+        if (blockIdx.x == 0) tf_analysis(p, ctl, thumb_sums, hist, st, fr, capacity);
+        return;
+    }
     // One buffer for both kinds of block: luma rows as float, chroma rows as float2.
     __shared__ float2 tile[TF_BIL_BY * TF_XT_W];
     __shared__ float tab[2][TF_MAX_RADIUS + 1];
@@ -641,9 +774,9 @@ extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_
     const int x = x0 + c0;
     const float unit = tf_range_unit(p->range_coeff);
     tf_fill_tap_tables(p, tab);
-    if ((int)blockIdx.y < luma_blocks_y) {
+    if (block_y < luma_blocks_y) {
         const int W = p->width, H = p->height;
-        const int y = blockIdx.y * TF_BIL_BY + ty;
+        const int y = block_y * TF_BIL_BY + ty;
         const int r = p->luma_radius, er = p->edge_radius;
         const int dog = p->edge_iteration == iter_index;
         const int halo = dog && er > r ? er : r;
@@ -687,7 +820,7 @@ extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_
     } else {
         const int cw = p->chroma_width, ch = p->chroma_height;
         if (x0 >= cw) return;
-        const int y = (blockIdx.y - luma_blocks_y) * TF_BIL_BY + ty;
+        const int y = (block_y - luma_blocks_y) * TF_BIL_BY + ty;
         const int r = p->chroma_radius;
         const float cunit = TF_CHROMA_UNIT * unit;
         float2* row = tile + ty * TF_XT_W;
@@ -708,10 +841,16 @@ extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_
     }
 }
 
-extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, const tf_store* __restrict__ L,
-                                          const tf_store* __restrict__ UV, tf_store* __restrict__ Lo,
-                                          tf_store* __restrict__ UVo, int luma_blocks_y)
+extern "C" __global__ void __launch_bounds__(TF_BILY_BX * TF_BILY_BY, TF_BILY_MIN_BLOCKS) tf_bilateral_y(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
+                                          const tf_store* __restrict__ L, const tf_store* __restrict__ UV,
+                                          tf_store* __restrict__ Lo, tf_store* __restrict__ UVo,
+                                          tf_store* __restrict__ ring, long slot_elems, long slot_luma_elems,
+                                          int temporal, int luma_blocks_y)
 {
+    // With temporal (the y pass that ends the edge iteration), its outputs are the frame's raw
+    // features: each thread then filters its own against the ring in place and pushes the raw
+    // value (after the filter read the pixel's history, as in tf_temporal).
+    // (The history and the push slot are looked up there, so they hold no registers meanwhile.)
     // One buffer for both kinds of block: luma blocks use it as float, chroma blocks as float2.
     __shared__ float2 tile[TF_YT_H * TF_BILY_BX];
     __shared__ float tab[2][TF_MAX_RADIUS + 1];
@@ -743,6 +882,10 @@ extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, cons
         } else {
             tf_strip<-1, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[0], w0, unit, out);
         }
+        // After the outputs: the filter's registers do not add to the strip's.
+        if (temporal)
+            tf_filter_column<float>(tf_history(p, fr, ring, slot_elems), Lo, tf_push_slot(fr, ring, slot_elems),
+                                    (long)(y0 + row0) * W + x, W, min(TF_BILY_ROWS, H - y0 - row0), 0);
     } else {
         const int cw = p->chroma_width, ch = p->chroma_height;
         if ((int)(blockIdx.x * TF_BILY_BX) >= cw) return;
@@ -767,6 +910,11 @@ extern "C" __global__ void tf_bilateral_y(const ToonParams* __restrict__ p, cons
             tf_strip<TF_CHROMA_R, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[1], w0, cunit, out);
         } else {
             tf_strip<-1, TF_BILY_ROWS>(col, TF_BILY_BX, r, tab[1], w0, cunit, out);
+        }
+        if (temporal) {
+            tf_store* pushed = tf_push_slot(fr, ring, slot_elems);
+            tf_filter_column<float2>(tf_history(p, fr, ring, slot_elems), UVo, pushed ? pushed + slot_luma_elems : nullptr,
+                                     (long)(y0 + row0) * cw + x, cw, min(TF_BILY_ROWS, ch - y0 - row0), slot_luma_elems);
         }
     }
 }
@@ -795,10 +943,12 @@ extern "C" __global__ void tf_dog_x(const ToonParams* __restrict__ p, const tf_s
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3b. Temporal filter of the features, in place, and the ring push of the raw features. One thread
-// per chroma sample (its 2x2 luma block), block TF_TILE_BX x TF_TILE_BY. Each thread reads a
-// pixel's history before it overwrites that pixel's push slot, so the oldest entry can be reused
-// in the same launch.
+// 3b. Temporal filter of the features, in place, and the ring push of the raw features, on its own:
+// only when the temporal point comes before any bilateral iteration (edge_iteration 0; otherwise
+// the y pass that ends the edge iteration filters and pushes as it writes). One thread per chroma
+// sample (its 2x2 luma block), block TF_TILE_BX x TF_TILE_BY. Each thread reads a pixel's history
+// before it overwrites that pixel's push slot, so the oldest entry can be reused in the same
+// launch.
 extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const TfFrame* __restrict__ fr,
                                        tf_store* __restrict__ L, tf_store* __restrict__ UV,
                                        tf_store* __restrict__ ring, long slot_elems, long slot_luma_elems)
@@ -808,57 +958,22 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
     const int cx = blockIdx.x * blockDim.x + threadIdx.x;
     const int cy = blockIdx.y * blockDim.y + threadIdx.y;
     if (cx >= cw || cy >= ch) return;
-    const int used = fr->history_used;
-    const int push = fr->push_slot;
-    const float ts = p->temporal_strength;
-    const float mk = tf_range_scale(p->motion_coeff);
-    // The recent slots, newest first (at most TF_MAX_HISTORY).
-    const tf_store* slot[TF_MAX_HISTORY];
-#pragma unroll
-    for (int k = 0; k < TF_MAX_HISTORY; ++k) slot[k] = ring + (long)fr->recent_slot[k] * slot_elems;
-    tf_store* pushed = push >= 0 ? ring + (long)push * slot_elems : nullptr;
-
+    const TfHistory h = tf_history(p, fr, ring, slot_elems);
+    tf_store* pushed = tf_push_slot(fr, ring, slot_elems);
     // Luma: the two pixels of each row of the 2x2 block as one pair (even width, even x).
 #pragma unroll
     for (int dy = 0; dy < 2; ++dy) {
         const long pair = ((long)(2 * cy + dy) * W + 2 * cx) / 2;
         const float2 f0 = tf_ld2(L, pair);
-        float2 acc = f0, wsum = make_float2(1.0f, 1.0f);
-        float sk = 1.0f;
-#pragma unroll
-        for (int k = 0; k < TF_MAX_HISTORY; ++k) {
-            if (k >= used) break;
-            const float2 fk = tf_ld2(slot[k], pair);
-            sk *= ts;
-            const float da = fk.x - f0.x, db = fk.y - f0.y;
-            const float wa = sk * tf_range_weight(mk * da * da);
-            const float wb = sk * tf_range_weight(mk * db * db);
-            acc.x += wa * fk.x;
-            acc.y += wb * fk.y;
-            wsum.x += wa;
-            wsum.y += wb;
-        }
+        const float2 f = make_float2(tf_filter_luma(h, f0.x, 2 * pair), tf_filter_luma(h, f0.y, 2 * pair + 1));
         if (pushed) tf_st2(pushed, pair, f0);
-        tf_st2(L, pair, make_float2(tf_div(acc.x, wsum.x), tf_div(acc.y, wsum.y)));
+        tf_st2(L, pair, f);
     }
-
     const long cpair = (long)cy * cw + cx;
     const float2 c = tf_ld2(UV, cpair);
-    float au = c.x, av = c.y, wsum = 1.0f, sk = 1.0f;
-#pragma unroll
-    for (int k = 0; k < TF_MAX_HISTORY; ++k) {
-        if (k >= used) break;
-        const float2 n = tf_ld2(slot[k] + slot_luma_elems, cpair);
-        sk *= ts;
-        const float du = 100.0f * (n.x - c.x);
-        const float dv = 100.0f * (n.y - c.y);
-        const float w = sk * tf_range_weight(mk * (du * du + dv * dv));
-        au += w * n.x;
-        av += w * n.y;
-        wsum += w;
-    }
+    const float2 f = tf_filter_chroma(h, c, cpair, slot_luma_elems);
     if (pushed) tf_st2(pushed + slot_luma_elems, cpair, c);
-    tf_st2(UV, cpair, make_float2(tf_div(au, wsum), tf_div(av, wsum)));
+    tf_st2(UV, cpair, f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -868,11 +983,11 @@ extern "C" __global__ void tf_temporal(const ToonParams* __restrict__ p, const T
 // DoG y pass of the 2x2 luma block at (x0, y0): both Gaussians over rows y0 - R .. y0 + 1 + R,
 // each row read once (a float2 per plane: x0 and the width are even) for both output rows. Each
 // output's sums still run over j = -R .. R in order, as on the CPU. Out: g1[dy], g2[dy] (x: the
-// left pixel, y: the right one), normalised by their weight sums.
+// left pixel, y: the right one), normalised by inv1 / inv2 (TfFrame's edge_inv1/2).
 template <int RF>
 __device__ __forceinline__ void tf_dog_y_block(const ToonParams* __restrict__ p, const float* __restrict__ dog1,
                                                const float* __restrict__ dog2, int x0, int y0, int W, int H, int r,
-                                               float2 g1[2], float2 g2[2])
+                                               float inv1, float inv2, float2 g1[2], float2 g2[2])
 {
     const int R = RF >= 0 ? RF : r;
     const float* __restrict__ ga = p->edge_gauss1;
@@ -881,7 +996,8 @@ __device__ __forceinline__ void tf_dog_y_block(const ToonParams* __restrict__ p,
     float2 s2[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
 #pragma unroll
     for (int i = -R; i <= R + 1; ++i) {
-        const long o = (long)tf_clampi(y0 + i, 0, H - 1) * W + x0;
+        // 32-bit: a plane's element count fits (the geometry caps frames far below 2^31 pixels).
+        const int o = tf_clampi(y0 + i, 0, H - 1) * W + x0;
         const float2 a = *reinterpret_cast<const float2*>(dog1 + o);
         const float2 b = *reinterpret_cast<const float2*>(dog2 + o);
 #pragma unroll
@@ -889,19 +1005,12 @@ __device__ __forceinline__ void tf_dog_y_block(const ToonParams* __restrict__ p,
             const int j = i - dy; // this row is tap j of output row y0 + dy
             if (j < -R || j > R) continue;
             const float wa = ga[j < 0 ? -j : j], wb = gb[j < 0 ? -j : j];
-            s1[dy].x += wa * a.x;
-            s1[dy].y += wa * a.y;
-            s2[dy].x += wb * b.x;
-            s2[dy].y += wb * b.y;
+            s1[dy].x = tf_mad(wa, a.x, s1[dy].x);
+            s1[dy].y = tf_mad(wa, a.y, s1[dy].y);
+            s2[dy].x = tf_mad(wb, b.x, s2[dy].x);
+            s2[dy].y = tf_mad(wb, b.y, s2[dy].y);
         }
     }
-    float n1 = 0.0f, n2 = 0.0f;
-#pragma unroll
-    for (int j = -R; j <= R; ++j) {
-        n1 += ga[j < 0 ? -j : j];
-        n2 += gb[j < 0 ? -j : j];
-    }
-    const float inv1 = 1.0f / n1, inv2 = 1.0f / n2;
 #pragma unroll
     for (int dy = 0; dy < 2; ++dy) {
         g1[dy] = make_float2(s1[dy].x * inv1, s1[dy].y * inv1);
@@ -920,16 +1029,15 @@ extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFr
     const int cy = blockIdx.y * blockDim.y + threadIdx.y;
     if (cx >= cw || cy >= ch) return;
     const int use_levels = (p->auto_levels != 0) && (fr->levels_valid != 0);
-    const float black = fr->black, white = fr->white;
-    const float stretch = use_levels ? 100.0f / (white - black) : 1.0f;
-    const float dq = 100.0f / (float)p->levels, inv_dq = (float)p->levels / 100.0f;
+    const float black = fr->black, stretch = fr->levels_stretch;
+    const float dq = fr->level_step, inv_dq = fr->level_inv_step;
     const int er = p->edge_radius;
 
     float2 g1[2], g2[2];
     if (er == TF_EDGE_R) {
-        tf_dog_y_block<TF_EDGE_R>(p, dog1, dog2, 2 * cx, 2 * cy, W, H, er, g1, g2);
+        tf_dog_y_block<TF_EDGE_R>(p, dog1, dog2, 2 * cx, 2 * cy, W, H, er, fr->edge_inv1, fr->edge_inv2, g1, g2);
     } else {
-        tf_dog_y_block<-1>(p, dog1, dog2, 2 * cx, 2 * cy, W, H, er, g1, g2);
+        tf_dog_y_block<-1>(p, dog1, dog2, 2 * cx, 2 * cy, W, H, er, fr->edge_inv1, fr->edge_inv2, g1, g2);
     }
     float emin = 0.0f;
 #pragma unroll
@@ -949,9 +1057,9 @@ extern "C" __global__ void tf_final(const ToonParams* __restrict__ p, const TfFr
         *reinterpret_cast<unsigned short*>(out + idx) = (unsigned short)(px[0] | (px[1] << 8));
     }
 
-    const long c0 = 2L * ((long)cy * cw + cx);
+    const float2 c = tf_ld2(UV, (long)cy * cw + cx);
     const float sat = p->saturation;
-    unsigned char* uvo = out + (long)H * W + (long)cy * W + 2 * cx;
-    uvo[0] = tf_pack_chroma(tf_ld(UV, c0), sat, emin);
-    uvo[1] = tf_pack_chroma(tf_ld(UV, c0 + 1), sat, emin);
+    // Both bytes in one 16-bit store (the row offset W and 2 * cx are even).
+    *reinterpret_cast<unsigned short*>(out + (long)H * W + (long)cy * W + 2 * cx) =
+        (unsigned short)(tf_pack_chroma(c.x, sat, emin) | (tf_pack_chroma(c.y, sat, emin) << 8));
 }

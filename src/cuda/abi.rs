@@ -52,8 +52,9 @@ pub struct TfState {
 }
 
 kernel_struct! {
-/// Per-frame decisions, written by `tf_analyze`, read by `tf_temporal` and `tf_final`, copied
-/// back to the host.
+/// Per-frame decisions, written by the analysis (`tf_analysis`), read by the temporal filter
+/// and `tf_final`, copied back to the host. The analysis also works out `tf_final`'s per-frame
+/// constants once, so no thread of it divides.
 #[derive(Debug, PartialEq)]
 pub struct TfFrame {
     pub scene_cut: i32,
@@ -63,8 +64,15 @@ pub struct TfFrame {
     pub levels_valid: i32,
     pub black: f32,
     pub white: f32,
-    pub pad: i32,
+    /// 100 / (white − black) with valid auto-levels, else 1.
+    pub levels_stretch: f32,
     pub recent_slot: [i32; MAX_HISTORY as usize],
+    /// The quantizer's bin Δq = 100 / levels and its reciprocal levels / 100.
+    pub level_step: f32,
+    pub level_inv_step: f32,
+    /// 1 / (the weight sum of each DoG Gaussian over −edge_radius ..= edge_radius).
+    pub edge_inv1: f32,
+    pub edge_inv2: f32,
 }
 }
 
@@ -117,7 +125,7 @@ mod tests {
     #[test]
     fn block_sizes_are_the_planned_ones() {
         assert_eq!(std::mem::size_of::<TfControl>(), 16);
-        assert_eq!(std::mem::size_of::<TfFrame>(), 64);
+        assert_eq!(std::mem::size_of::<TfFrame>(), 80);
         assert_eq!(std::mem::size_of::<TfState>(), 16 + 4 * THUMB_W * THUMB_H);
     }
 

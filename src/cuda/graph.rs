@@ -237,10 +237,22 @@ impl GraphKey {
     pub fn edge_at_end(&self) -> bool {
         self.edge_iteration == self.iterations()
     }
-    /// Kernel launches of a frame: unpack, analyze, 2 per iteration, the temporal filter when
-    /// there is a ring, the stand-alone DoG x pass when needed, final.
+    /// Kernel launches of a frame: unpack, 2 per iteration, the analysis and the temporal filter
+    /// on their own when there is a ring and the filter comes before the first iteration (after
+    /// one, the y pass that ends the edge iteration filters; see also analysis_in_x_pass), the
+    /// stand-alone DoG x pass when needed, final.
+    /// The frame's analysis rides in an extra block of the first x pass (nothing before the
+    /// temporal filter needs it) unless the filter comes first or there is no x pass.
+    pub fn analysis_in_x_pass(&self) -> bool {
+        self.iterations() > 0 && !(self.has_ring() && self.edge_iteration == 0)
+    }
     pub fn launches(&self) -> u32 {
-        3 + 2 * self.iterations() + self.has_ring() as u32 + self.edge_at_end() as u32
+        let own_temporal = self.has_ring() && self.edge_iteration == 0;
+        let own_analysis = !self.analysis_in_x_pass();
+        2 + 2 * self.iterations()
+            + own_analysis as u32
+            + own_temporal as u32
+            + self.edge_at_end() as u32
     }
 }
 
@@ -324,11 +336,17 @@ mod tests {
             },
             edge_iteration,
         };
-        // unpack, analyze, 3 x (x, y), temporal, final
-        assert_eq!(key(3, 4, 1).launches(), 10);
+        // unpack, 3 x (x, y; the first x pass analyses, the first y pass filters), final
+        assert_eq!(key(3, 4, 1).launches(), 8);
+        assert!(key(3, 4, 1).analysis_in_x_pass());
+        // the temporal filter before the first iteration: analyze and temporal of their own
+        assert_eq!(key(3, 4, 0).launches(), 10);
+        assert!(!key(3, 4, 0).analysis_in_x_pass());
+        // edges after the last iteration: its y pass filters, the DoG x pass on its own
+        assert_eq!(key(3, 4, 3).launches(), 9);
         // no ring, edges after the last iteration: the stand-alone DoG x pass instead
-        assert_eq!(key(3, 0, 3).launches(), 10);
-        // unpack, analyze, DoG x, final
+        assert_eq!(key(3, 0, 3).launches(), 9);
+        // no x pass: unpack, analyze, (temporal,) DoG x, final
         assert_eq!(key(0, 0, 0).launches(), 4);
         assert_eq!(key(0, 2, 0).launches(), 5);
         assert_eq!(key(20, 20, 1).iterations(), MAX_ITERATIONS);

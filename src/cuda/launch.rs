@@ -1,8 +1,8 @@
 //! The classic pipeline's launches: the device addresses of the planned buffers and the
-//! sequence of a frame (a memset and the kernels), enqueued on one stream. Nothing here reads
+//! sequence of a frame (its kernels), enqueued on one stream. Nothing here reads
 //! from the device or allocates, so the sequence can be captured into a graph.
 
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg, sys};
+use cudarc::driver::{CudaStream, LaunchArgs, LaunchConfig, PushKernelArg, sys};
 
 use super::abi::{
     ANALYZE_THREADS, BILATERAL_BLOCK, BILATERAL_X_COLS, BILATERAL_Y_BLOCK, BILATERAL_Y_ROWS,
@@ -91,8 +91,37 @@ fn bilateral_grid(
     (cfg, luma as i32)
 }
 
-/// Puts a frame of `key`'s shape on `stream`: the statistics memset, unpack, analyze, the
-/// bilateral iterations with the temporal filter after `key.edge_iteration` of them, the
+/// The arguments `tf_analysis` takes after the parameter block (`tf_analyze`'s and the tail of
+/// the x pass's): control, thumbnail sums, histogram, state, frame, ring capacity.
+fn analysis_args<'a, 'b>(
+    b: &'b mut LaunchArgs<'a>,
+    p: &'a DevicePtrs,
+    capacity: &'a i32,
+) -> &'b mut LaunchArgs<'a> {
+    b.arg(&p.control)
+        .arg(&p.thumb)
+        .arg(&p.hist)
+        .arg(&p.state)
+        .arg(&p.frame)
+        .arg(capacity)
+}
+
+/// Zeroes the statistics (thumbnail sums, histogram) on `stream`, for a plan just installed; after
+/// that each frame's analysis leaves them zero for the next frame's unpack.
+pub(crate) fn clear_statistics(stream: &CudaStream, p: &DevicePtrs) -> Result<(), CudaError> {
+    // SAFETY: `p.thumb` addresses the statistics buffer of STATS_BYTES bytes in the arena, which
+    // outlives the stream's work on it.
+    unsafe {
+        sys::cuMemsetD32Async(p.thumb, 0, (STATS_BYTES / 4) as usize, stream.cu_stream())
+            .result()
+            .map_err(driver("cuMemsetD32Async"))
+    }
+}
+
+/// Puts a frame of `key`'s shape on `stream`: unpack (into statistics left zero), the analysis (in an
+/// extra block of the first x pass, or on its own: `GraphKey::analysis_in_x_pass`), the
+/// bilateral iterations with the temporal filter after `key.edge_iteration` of them (in the y
+/// pass that ends that iteration; a launch of its own when it comes before the first), the
 /// stand-alone DoG x pass when needed, final. Exactly `key.launches()` kernels.
 pub(crate) fn enqueue_frame(
     stream: &CudaStream,
@@ -105,12 +134,6 @@ pub(crate) fn enqueue_frame(
     let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
     let n = key.iterations();
     let capacity = key.ring_capacity() as i32;
-    // SAFETY: `p.thumb` addresses the statistics buffer of STATS_BYTES bytes in the arena.
-    unsafe {
-        sys::cuMemsetD32Async(p.thumb, 0, (STATS_BYTES / 4) as usize, s.cu_stream())
-            .result()
-            .map_err(driver("cuMemsetD32Async"))?;
-    }
     // One thread per chroma sample.
     let tile = grid(cw, ch, TILE_BLOCK);
     // The luma rows' blocks, then the chroma rows' blocks, in one launch (x and y passes).
@@ -119,6 +142,7 @@ pub(crate) fn enqueue_frame(
     let luma_elems = (w as i64) * (h as i64);
     let slot_elems = luma_elems + 2 * (cw as i64) * (ch as i64);
 
+    let analysis_in_x = key.analysis_in_x_pass();
     // SAFETY (every launch below): the arguments match the kernels' signatures in
     // kernels/toonflow.cu one for one (device addresses as u64, `int` as i32, `long` as i64);
     // every address lies in the pipeline's arena, laid out by the plan for `key.shape`, which
@@ -134,21 +158,24 @@ pub(crate) fn enqueue_frame(
             .arg(&p.hist)
             .launch(tile)
             .map_err(driver("tf_unpack"))?;
-        s.launch_builder(&k.analyze)
-            .arg(&p.params)
-            .arg(&p.control)
-            .arg(&p.thumb)
-            .arg(&p.hist)
-            .arg(&p.state)
-            .arg(&p.frame)
-            .arg(&capacity)
-            .launch(grid(ANALYZE_THREADS, 1, (ANALYZE_THREADS, 1)))
-            .map_err(driver("tf_analyze"))?;
+    }
+    if !analysis_in_x {
+        // SAFETY: as above.
+        unsafe {
+            let mut b = s.launch_builder(&k.analyze);
+            b.arg(&p.params);
+            analysis_args(&mut b, p, &capacity)
+                .launch(grid(ANALYZE_THREADS, 1, (ANALYZE_THREADS, 1)))
+                .map_err(driver("tf_analyze"))?;
+        }
     }
     // The temporal filter runs on the features after `edge_iteration` iterations; the x pass
-    // that follows it (or tf_dog_x) takes the DoG x pass of the filtered luma.
+    // that follows it (or tf_dog_x) takes the DoG x pass of the filtered luma. After at least one
+    // iteration, the y pass that ends iteration `edge_iteration` (index - 1) filters as it
+    // writes; before the first, tf_temporal runs on its own.
+    let filter_in_y = key.has_ring() && key.edge_iteration > 0;
     let temporal = || {
-        if !key.has_ring() {
+        if !key.has_ring() || filter_in_y {
             return Ok(());
         }
         // SAFETY: as for the launches above.
@@ -171,10 +198,15 @@ pub(crate) fn enqueue_frame(
         if *it as u32 == key.edge_iteration {
             temporal()?;
         }
+        let filter = (filter_in_y && *it as u32 + 1 == key.edge_iteration) as i32;
+        // The first x pass has an extra row of blocks, the first, for the analysis.
+        let analysis = (analysis_in_x && *it == 0) as i32;
+        let mut bil_x = bil_x;
+        bil_x.grid_dim.1 += analysis as u32;
         // SAFETY: as for the launches above.
         unsafe {
-            s.launch_builder(&k.bilateral_x)
-                .arg(&p.params)
+            let mut b = s.launch_builder(&k.bilateral_x);
+            b.arg(&p.params)
                 .arg(&p.feat_l)
                 .arg(&p.feat_uv)
                 .arg(&p.tmp_l)
@@ -183,14 +215,21 @@ pub(crate) fn enqueue_frame(
                 .arg(&p.dog2)
                 .arg(it)
                 .arg(&luma_blocks_x)
+                .arg(&analysis);
+            analysis_args(&mut b, p, &capacity)
                 .launch(bil_x)
                 .map_err(driver("tf_bilateral_x"))?;
             s.launch_builder(&k.bilateral_y)
                 .arg(&p.params)
+                .arg(&p.frame)
                 .arg(&p.tmp_l)
                 .arg(&p.tmp_uv)
                 .arg(&p.feat_l)
                 .arg(&p.feat_uv)
+                .arg(&p.ring)
+                .arg(&slot_elems)
+                .arg(&luma_elems)
+                .arg(&filter)
                 .arg(&luma_blocks_y)
                 .launch(bil_y)
                 .map_err(driver("tf_bilateral_y"))?;

@@ -14,7 +14,7 @@ use super::error::{CudaError, MemoryShortfall, driver};
 use super::fault::{Fault, injected};
 use super::graph::{GraphCache, GraphKey, OwnedGraph, Ran};
 use super::kernels::{Kernels, kernels};
-use super::launch::{DevicePtrs, enqueue_frame};
+use super::launch::{DevicePtrs, clear_statistics, enqueue_frame};
 use super::pinned::{PinnedHostBuffer, is_page_locked};
 use super::plan::{MemoryPlan, check_cap, classic_plan};
 use super::staging::{self, HostPlane, StagedUpload};
@@ -350,6 +350,8 @@ impl CudaPipeline {
         }
         let base = self.arena.as_ref().map_or(0, |a| a.ptr);
         self.ptrs = DevicePtrs::new(&self.plan, base);
+        // A reused arena holds other buffers' bytes where the statistics now lie.
+        clear_statistics(&self.stream, &self.ptrs)?;
         self.log.push(PipelineEvent::Plan {
             text: self.plan.describe(),
             arena_allocated: !reuse,
@@ -765,6 +767,16 @@ impl CudaPipeline {
     /// Runs the kernels of a frame: eagerly, by capturing them, or by replaying a graph.
     /// Returns whether a graph ran.
     fn run_frame(&mut self, key: &GraphKey) -> Result<bool, CudaError> {
+        let ran = self.run_kernels(key);
+        if ran.is_err() {
+            // A sequence cut short between unpack and the analysis leaves statistics behind,
+            // which the next frame's would add to.
+            let _ = clear_statistics(&self.stream, &self.ptrs);
+        }
+        ran
+    }
+
+    fn run_kernels(&mut self, key: &GraphKey) -> Result<bool, CudaError> {
         let (stream, kernels, ptrs) = (&self.stream, &self.kernels, &self.ptrs);
         let enqueue = || enqueue_frame(stream, kernels, ptrs, key);
         if !self.use_graph {

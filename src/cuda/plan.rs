@@ -38,8 +38,8 @@ pub mod names {
 }
 
 /// Stage numbers of a frame for a given number of bilateral iterations. The temporal filter has
-/// no stage of its own: it runs in place on the feature planes and the ring, which are live for
-/// the whole frame, between two bilateral iterations.
+/// no stage of its own: it works on the feature planes and the ring, which are live for the whole
+/// frame, in the y pass that ends the edge iteration (or in place before the first iteration).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stages {
     pub iterations: u32,
@@ -107,11 +107,14 @@ pub fn classic_plan(shape: &Shape) -> MemoryPlan {
             first: 0,
             last,
         },
+        // Gathered by unpack, read by the analysis (by default in an extra block of the first
+        // bilateral x pass, beside tiles that write the bilateral and DoG planes), which leaves
+        // them zero for the next frame: live for the whole frame, so they share no space.
         BufferRequest {
             name: STATS.into(),
             bytes: STATS_BYTES,
-            first: Stages::UNPACK,
-            last: Stages::ANALYZE,
+            first: 0,
+            last,
         },
         BufferRequest {
             name: NV12_IN.into(),
@@ -297,6 +300,29 @@ mod tests {
                             .unwrap_or_else(|e| panic!("{e}\n{}", p.describe()));
                         assert_eq!(p.buffer(names::RING).is_some(), hist > 0);
                     }
+                }
+            }
+        }
+    }
+
+    /// The analysis reads the statistics in the first x pass (its extra block), while that
+    /// pass's tiles write the bilateral and DoG planes: they must not share the statistics' space
+    /// (the moving clip's frame 1 reported a false scene cut when they did).
+    #[test]
+    fn statistics_do_not_share_space_with_the_first_x_pass_outputs() {
+        for (w, h) in [(640, 360), (1920, 1080), (16, 16)] {
+            for prec in [Precision::Fp16, Precision::Fp32] {
+                let p = classic_plan(&default_shape(w, h, prec));
+                let stats = p.buffer(names::STATS).unwrap();
+                for name in [names::TMP_L, names::TMP_UV, names::DOG1, names::DOG2] {
+                    let b = p.buffer(name).unwrap();
+                    let apart = stats.offset + stats.bytes <= b.offset
+                        || b.offset + b.bytes <= stats.offset;
+                    assert!(
+                        apart,
+                        "{w}x{h}: {name} overlaps the statistics\n{}",
+                        p.describe()
+                    );
                 }
             }
         }
