@@ -19,7 +19,7 @@ mod cuda_common;
 #[path = "common/onnx_models.rs"]
 mod onnx_models;
 
-use cuda_common::{Frame, PHOTOS, Rng, cuda_or_skip, load_photo};
+use cuda_common::{Frame, PHOTOS, Rng, cuda_or_skip, load_photo, max_abs_diff_f32};
 use gsttoonflow::cuda::neural::program::Storage;
 use gsttoonflow::cuda::neural::{DeviceFrameIo, NeuralGpu};
 use gsttoonflow::cuda::neural_frame::{DeviceFrames, FilterSettings};
@@ -202,12 +202,7 @@ fn device_conversions_and_filter_match_the_cpu_reference_on_photos() {
                     .to_tensor(view.y, view.y_stride, view.uv, view.uv_stride, &mut want_in)
                     .unwrap();
                 let got_in = rig.converted(&input);
-                let input_diff = got_in
-                    .data
-                    .iter()
-                    .zip(&want_in.data)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0f32, f32::max);
+                let input_diff = max_abs_diff_f32(&got_in.data, &want_in.data);
                 assert!(
                     input_diff <= 1e-4,
                     "{label}: network input differs by {input_diff}"
