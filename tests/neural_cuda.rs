@@ -641,7 +641,7 @@ fn the_element_runs_the_network_on_the_gpu() {
         // device beside the network. fp32 launches every stage; fp16 on tensor cores (sm_80+)
         // folds Resizes, layout Transposes and residual Adds into convolutions (the exact
         // folds are checked on the program in the tests above).
-        let frame_kernels = gsttoonflow::cuda::neural_frame::KERNEL_NAMES.len() as u32;
+        let frame_kernels = gsttoonflow::cuda::neural_frame::LAUNCHES_UNSCALED;
         let network = launches - frame_kernels;
         if precision == "fp32" {
             assert_eq!(network, 38);
