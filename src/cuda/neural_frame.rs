@@ -260,7 +260,7 @@ impl Layout {
 
 /// The tap lists of [`scaling_taps`] as the kernels read them, one after the other; `None`
 /// when a sample has more than [`MAX_TAPS`] taps.
-fn device_taps(axes: &[Vec<SampleTaps>; 4]) -> Option<Vec<NfTaps>> {
+pub fn device_taps(axes: &[Vec<SampleTaps>; 4]) -> Option<Vec<NfTaps>> {
     let mut out = Vec::with_capacity(axes.iter().map(Vec::len).sum());
     for sample in axes.iter().flatten() {
         if sample.weights.len() > MAX_TAPS {
