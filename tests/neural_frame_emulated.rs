@@ -9,9 +9,13 @@
 //! not the device's arithmetic (tests/neural_frame_cuda.rs does, on a GPU). Without a C++
 //! compiler (`c++`, or `CXX`) the test prints that it skipped.
 
+mod common;
+mod cuda_common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cuda_common::Rng;
 use gsttoonflow::cuda::neural_frame::{self, RingSlots, device_taps};
 use gsttoonflow::neural::Tensor;
 use gsttoonflow::neural::frame::{
@@ -31,18 +35,7 @@ fn put_f32(out: &mut Vec<u8>, v: &[f32]) {
     out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
 }
 
-/// Deterministic xorshift.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
-/// One case file for the host driver: the geometry and colour constants, the tap lists, an
+/// One case file for the host driver: the parameter block, the tap lists, an
 /// NV12 frame and the reference input tensor, then per frame the ring plan, a network output
 /// and the reference NV12.
 fn write_case(path: &Path, config: ConverterConfig, seed: u64) {
@@ -74,27 +67,11 @@ fn write_case(path: &Path, config: ConverterConfig, seed: u64) {
     let mut filter = OutputFilter::new(sw, sh, HISTORY, config.matrix, config.range);
     filter.set_params(HISTORY, strength, sigma);
     let mut slots = RingSlots::new(HISTORY);
-    let (kr, kb) = config.matrix.kr_kb();
-    let (y_off, y_scale, c_scale) = config.range.code_scales();
-    let (v_scale, v_offset) = config.value_range.scale_offset();
     let mut out = Vec::new();
-    let nchw = config.layout == TensorLayout::Nchw;
-    let dims = [w, h, sw, sh, nw, nh, nchw as usize, taps.len()];
-    put_i32(&mut out, &dims.map(|d| d as i32));
-    put_f32(
-        &mut out,
-        &[
-            y_off,
-            y_scale,
-            c_scale,
-            kr,
-            kb,
-            v_scale,
-            v_offset,
-            100.0 * y_scale / 255.0,
-            100.0 * c_scale / 255.0,
-        ],
-    );
+    // the device's parameter block, addresses 0 (the driver points them at its buffers)
+    let params = neural_frame::frame_params(&config, (nh, nw));
+    out.extend_from_slice(bytemuck::bytes_of(&params));
+    put_i32(&mut out, &[taps.len() as i32]);
     out.extend_from_slice(bytemuck::cast_slice(&taps));
     out.extend_from_slice(&nv12);
     put_f32(&mut out, &input.data);

@@ -258,6 +258,37 @@ impl Layout {
     }
 }
 
+/// The parameter block for `config` around a network of `net_size` (height, width): sizes,
+/// colour and value constants; every device address 0 (the frame path fills them).
+pub fn frame_params(config: &ConverterConfig, net_size: (usize, usize)) -> NfFrame {
+    let (w, h) = (config.width, config.height);
+    let (net_h, net_w) = net_size;
+    let (kr, kb) = config.matrix.kr_kb();
+    let (y_offset, y_scale, c_scale) = config.range.code_scales();
+    let (v_scale, v_offset) = config.value_range.scale_offset();
+    NfFrame {
+        width: w as i32,
+        height: h as i32,
+        scaled_w: scaled_dimension(w, config.scale) as i32,
+        scaled_h: scaled_dimension(h, config.scale) as i32,
+        net_w: net_w as i32,
+        net_h: net_h as i32,
+        nchw: (config.layout == TensorLayout::Nchw) as i32,
+        thumb_w: w.min(THUMB_W) as i32,
+        thumb_h: h.min(THUMB_H) as i32,
+        y_offset,
+        y_scale,
+        c_scale,
+        kr,
+        kb,
+        v_scale,
+        v_offset,
+        luma_units: 100.0 * y_scale / 255.0,
+        chroma_units: 100.0 * c_scale / 255.0,
+        ..bytemuck::Zeroable::zeroed()
+    }
+}
+
 /// The tap lists of [`scaling_taps`] as the kernels read them, one after the other; `None`
 /// when a sample has more than [`MAX_TAPS`] taps.
 pub fn device_taps(axes: &[Vec<SampleTaps>; 4]) -> Option<Vec<NfTaps>> {
@@ -322,7 +353,6 @@ impl DeviceFrames {
         settings: FilterSettings,
     ) -> Result<DeviceFrames, CudaError> {
         let (w, h) = (config.width, config.height);
-        let (net_h, net_w) = net_size;
         let (sw, sh) = (
             scaled_dimension(w, config.scale),
             scaled_dimension(h, config.scale),
@@ -369,9 +399,6 @@ impl DeviceFrames {
                 .map_err(driver("resampling taps upload"))?;
             }
         }
-        let (kr, kb) = config.matrix.kr_kb();
-        let (y_offset, y_scale, c_scale) = config.range.code_scales();
-        let (v_scale, v_offset) = config.value_range.scale_offset();
         let base = block.ptr;
         // the four tap lists one after the other: down x, down y, up x, up y
         let tap_list = |before: usize| {
@@ -384,12 +411,9 @@ impl DeviceFrames {
         let params = NfFrame {
             nv12_in: base,
             nv12_out: base + layout.nv12,
-            tensor_in: 0,
-            tensor_out: 0,
             ring: ring.ptr,
             control: base + layout.control,
             state: base + layout.state,
-            net_control: 0,
             thumb_sums: base + layout.sums,
             thumb_previous: base + layout.previous,
             scaled_rgb: if resampled {
@@ -401,24 +425,8 @@ impl DeviceFrames {
             down_y: tap_list(sw),
             up_x: tap_list(sw + sh),
             up_y: tap_list(sw + sh + w),
-            width: w as i32,
-            height: h as i32,
-            scaled_w: sw as i32,
-            scaled_h: sh as i32,
-            net_w: net_w as i32,
-            net_h: net_h as i32,
-            nchw: (config.layout == TensorLayout::Nchw) as i32,
-            thumb_w: w.min(THUMB_W) as i32,
-            thumb_h: h.min(THUMB_H) as i32,
-            y_offset,
-            y_scale,
-            c_scale,
-            kr,
-            kb,
-            v_scale,
-            v_offset,
-            luma_units: 100.0 * y_scale / 255.0,
-            chroma_units: 100.0 * c_scale / 255.0,
+            // the network's tensors and control: `attach`
+            ..frame_params(config, net_size)
         };
         let mut frames = DeviceFrames {
             ring,

@@ -44,8 +44,10 @@ int main(int argc, char** argv) {
         if (!f) { fprintf(stderr, "cannot open %s\n", argv[ci]); return 2; }
         fseek(f, 0, SEEK_END); r.b.resize(ftell(f)); fseek(f, 0, SEEK_SET);
         fread(r.b.data(), 1, r.b.size(), f); fclose(f);
-        int hd[8]; r.get(hd, 8); float fl[9]; r.get(fl, 9);
-        int w = hd[0], h = hd[1], sw = hd[2], sh = hd[3], nw = hd[4], nh = hd[5], nchw = hd[6], ntaps = hd[7];
+        NfFrame p; r.get(&p, 1);
+        int ntaps; r.get(&ntaps, 1);
+        const int w = p.width, h = p.height, sw = p.scaled_w, sh = p.scaled_h, nw = p.net_w, nh = p.net_h;
+        const int nchw = p.nchw;
         std::vector<NfTaps> taps(ntaps); r.get(taps.data(), ntaps);
         size_t frame = (size_t)w * h * 3 / 2, tlen = (size_t)nw * nh * 3;
         std::vector<unsigned char> nv12(frame); r.get(nv12.data(), frame);
@@ -54,7 +56,6 @@ int main(int argc, char** argv) {
         std::vector<unsigned short> ring(2 * 3 * (size_t)sw * sh);
         std::vector<unsigned char> out(frame);
         NfControl ctl{}; NfState st{}; NnControl net{};
-        NfFrame p{};
         p.nv12_in = (unsigned long long)nv12.data(); p.nv12_out = (unsigned long long)out.data();
         p.tensor_in = (unsigned long long)tin.data(); p.tensor_out = (unsigned long long)tout.data();
         p.ring = (unsigned long long)ring.data(); p.control = (unsigned long long)&ctl;
@@ -65,9 +66,6 @@ int main(int argc, char** argv) {
             p.down_x = (unsigned long long)&taps[0]; p.down_y = (unsigned long long)&taps[sw];
             p.up_x = (unsigned long long)&taps[sw + sh]; p.up_y = (unsigned long long)&taps[sw + sh + w];
         }
-        p.width = w; p.height = h; p.scaled_w = sw; p.scaled_h = sh; p.net_w = nw; p.net_h = nh; p.nchw = nchw;
-        p.y_offset = fl[0]; p.y_scale = fl[1]; p.c_scale = fl[2]; p.kr = fl[3]; p.kb = fl[4];
-        p.v_scale = fl[5]; p.v_offset = fl[6]; p.luma_units = fl[7]; p.chroma_units = fl[8];
         auto cdiv = [](int a, int b) { return (a + b - 1) / b; };
         launch(nf_nv12_to_tensor, &p, cdiv(nw, 16), cdiv(nh, 16), 16, 16);
         float din = 0; for (size_t i = 0; i < tlen; i++) din = std::max(din, std::fabs(tin[i] - want_in[i]));
