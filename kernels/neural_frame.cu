@@ -1,6 +1,6 @@
-// toonflow neural frame kernels: the conversions around the style network on the device, at
-// model-scale 1 (src/cuda/neural_frame.rs builds and launches them; the structs come from
-// kernel_abi, prepended by the build). The CPU reference is src/neural/frame.rs (NV12 <-> RGB,
+// toonflow neural frame kernels: the conversions around the style network on the device
+// (src/cuda/neural_frame.rs builds and launches them; the structs come from kernel_abi,
+// prepended by the build). The CPU reference is src/neural/frame.rs (NV12 <-> RGB,
 // reflect padding, value range, layout) and src/neural/temporal.rs (the output filter, the
 // scene-cut gate); the arithmetic follows it operation by operation (compiled without FMA
 // contraction), so the device and the reference differ by float rounding only.
@@ -10,10 +10,13 @@
 //   nf_scene           the scene-cut score against the previous thumbnail; a cut clears the
 //                      output ring for this frame and sets the network's statistics reset
 //   nf_nv12_to_tensor  NV12 -> the network's fp32 input (centred chroma with the block
-//                      correction, the caps' matrix and range, reflect padding, value range,
-//                      NHWC or NCHW)
-//   nf_tensor_to_nv12  the network's output -> the temporal output filter against the ring of
-//                      recent raw outputs (fp16) -> NV12, one thread per 2x2 block
+//                      correction, the caps' matrix and range, below model-scale 1 the area
+//                      average, reflect padding, value range, NHWC or NCHW)
+//   nf_tensor_to_nv12  model-scale 1: the network's output -> the temporal output filter
+//                      against the ring of recent raw outputs (fp16) -> NV12, one thread per
+//                      2x2 block
+//   nf_filter_scaled   below model-scale 1: the output filter at the network's content size
+//   nf_upscale_to_nv12 then the bilinear upscale to the frame -> NV12, one thread per 2x2 block
 
 #define NF_BLOCK 256
 
@@ -145,14 +148,9 @@ __device__ float nf_chroma(const NfFrame* p, const unsigned char* uv, int x, int
     return 0.75f * near_c + 0.25f * near_n + residual;
 }
 
-// grid over the padded network size, 16x16 threads: one input pixel each.
-extern "C" __global__ void nf_nv12_to_tensor(const NfFrame* p)
+// Nominal RGB of frame pixel (x, y), as nv12_to_rgb makes it (not clamped).
+__device__ void nf_pixel_rgb(const NfFrame* p, int x, int y, float rgb[3])
 {
-    const int px = blockIdx.x * blockDim.x + threadIdx.x;
-    const int py = blockIdx.y * blockDim.y + threadIdx.y;
-    if (px >= p->net_w || py >= p->net_h)
-        return;
-    const int x = nf_reflect(px, p->width), y = nf_reflect(py, p->height);
     const unsigned char* luma = (const unsigned char*)p->nv12_in;
     const unsigned char* uv = luma + (long long)p->width * p->height;
     const float c_inv = 1.0f / p->c_scale;
@@ -160,10 +158,56 @@ extern "C" __global__ void nf_nv12_to_tensor(const NfFrame* p)
     const float pb = nf_chroma(p, uv, x, y, 0) * c_inv;
     const float pr = nf_chroma(p, uv, x, y, 1) * c_inv;
     const float kr = p->kr, kb = p->kb, kg = 1.0f - kr - kb;
-    const float r = yn + 2.0f * (1.0f - kr) * pr;
-    const float b = yn + 2.0f * (1.0f - kb) * pb;
-    const float g = (yn - kr * r - kb * b) / kg;
-    const float rgb[3] = {r, g, b};
+    rgb[0] = yn + 2.0f * (1.0f - kr) * pr;
+    rgb[2] = yn + 2.0f * (1.0f - kb) * pb;
+    rgb[1] = (yn - kr * rgb[0] - kb * rgb[2]) / kg;
+}
+
+// Whether the network runs at another size than the frame (model-scale below 1).
+__device__ __forceinline__ int nf_scaled(const NfFrame* p)
+{
+    return p->scaled_w != p->width || p->scaled_h != p->height;
+}
+
+// Sample (sx, sy) of a separable resampling, as resample_plane computes it: along x per
+// source row (a sum from 0 in tap order), then along y over those row results.
+// `value(x, y, rgb)` gives the source's three channels.
+template <typename Source>
+__device__ void nf_resample(const NfTaps* along_x, const NfTaps* along_y, int sx, int sy,
+                            Source value, float out[3])
+{
+    const NfTaps tx = along_x[sx], ty = along_y[sy];
+    float col[3] = {0.0f, 0.0f, 0.0f};
+    for (int j = 0; j < ty.count; j++) {
+        float row[3] = {0.0f, 0.0f, 0.0f};
+        for (int i = 0; i < tx.count; i++) {
+            float v[3];
+            value(tx.first + i, ty.first + j, v);
+            for (int c = 0; c < 3; c++)
+                row[c] += tx.weights[i] * v[c];
+        }
+        for (int c = 0; c < 3; c++)
+            col[c] += ty.weights[j] * row[c];
+    }
+    for (int c = 0; c < 3; c++)
+        out[c] = col[c];
+}
+
+// grid over the padded network size, 16x16 threads: one input pixel each (at model-scale
+// below 1 the exact area average of the frame's pixels it covers).
+extern "C" __global__ void nf_nv12_to_tensor(const NfFrame* p)
+{
+    const int px = blockIdx.x * blockDim.x + threadIdx.x;
+    const int py = blockIdx.y * blockDim.y + threadIdx.y;
+    if (px >= p->net_w || py >= p->net_h)
+        return;
+    const int sx = nf_reflect(px, p->scaled_w), sy = nf_reflect(py, p->scaled_h);
+    float rgb[3];
+    if (nf_scaled(p))
+        nf_resample((const NfTaps*)p->down_x, (const NfTaps*)p->down_y, sx, sy,
+                    [p](int x, int y, float v[3]) { nf_pixel_rgb(p, x, y, v); }, rgb);
+    else
+        nf_pixel_rgb(p, sx, sy, rgb);
     float* t = (float*)p->tensor_in;
     const long long plane = (long long)p->net_w * p->net_h;
     const long long at = (long long)py * p->net_w + px;
@@ -182,64 +226,130 @@ __device__ __forceinline__ unsigned char nf_code(float v)
     return (unsigned char)fminf(fmaxf(roundf(v), 0.0f), 255.0f);
 }
 
-// grid over the chroma blocks (width/2 x height/2), 16x16 threads: one 2x2 block each.
-extern "C" __global__ void nf_tensor_to_nv12(const NfFrame* p)
+// The temporal output filter at content pixel (x, y) of the network's output: the raw
+// output against the `used` most recent ring entries (fp16, scaled_w x scaled_h), the raw
+// output into the ring's write slot; `rgb` gets the filtered nominal RGB.
+__device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3])
 {
-    const int cx = blockIdx.x * blockDim.x + threadIdx.x;
-    const int cy = blockIdx.y * blockDim.y + threadIdx.y;
-    const int w = p->width, h = p->height;
-    if (cx >= w / 2 || cy >= h / 2)
-        return;
     const NfControl* ctl = (const NfControl*)p->control;
-    const NfState* state = (const NfState*)p->state;
-    // a scene cut empties the ring for this frame
-    const int used = state->cut ? 0 : ctl->used;
     const float kr = p->kr, kb = p->kb, kg = 1.0f - kr - kb;
     const float pb_div = 2.0f * (1.0f - kb), pr_div = 2.0f * (1.0f - kr);
     const float inv = 1.0f / p->v_scale;
     const float* t = (const float*)p->tensor_out;
     unsigned short* ring = (unsigned short*)p->ring;
-    const long long plane = (long long)w * h, net_plane = (long long)p->net_w * p->net_h;
+    const long long plane = (long long)p->scaled_w * p->scaled_h;
+    const long long net_plane = (long long)p->net_w * p->net_h;
+    const long long at = (long long)y * p->net_w + x, pixel = (long long)y * p->scaled_w + x;
+    float f0[3];
+    for (int c = 0; c < 3; c++)
+        f0[c] = ((p->nchw ? t[c * net_plane + at] : t[at * 3 + c]) - p->v_offset) * inv;
+    float acc[3] = {f0[0], f0[1], f0[2]};
+    float wsum = 1.0f, sk = 1.0f;
+    for (int k = 0; k < used; k++) {
+        sk *= ctl->strength;
+        const unsigned short* slot = ring + (long long)ctl->recent[k] * 3 * plane;
+        float fk[3];
+        for (int c = 0; c < 3; c++)
+            fk[c] = half_bits_to_float(slot[c * plane + pixel]);
+        const float d0 = fk[0] - f0[0], d1 = fk[1] - f0[1], d2 = fk[2] - f0[2];
+        const float dy = kr * d0 + kg * d1 + kb * d2;
+        const float dl = p->luma_units * dy;
+        const float dcb = p->chroma_units * (d2 - dy) / pb_div;
+        const float dcr = p->chroma_units * (d0 - dy) / pr_div;
+        const float wk = sk * expf(ctl->motion_coeff * (dl * dl + dcb * dcb + dcr * dcr));
+        for (int c = 0; c < 3; c++)
+            acc[c] += wk * fk[c];
+        wsum += wk;
+    }
+    // the raw output joins the ring after the recent entries were read (its slot may be the
+    // oldest of them)
+    if (ctl->write_slot >= 0) {
+        unsigned short* slot = ring + (long long)ctl->write_slot * 3 * plane;
+        for (int c = 0; c < 3; c++)
+            slot[c * plane + pixel] = float_to_half_bits(f0[c]);
+    }
+    for (int c = 0; c < 3; c++)
+        rgb[c] = acc[c] / wsum;
+}
+
+// Ring entries the filter reads this frame: none after a scene cut (it empties the ring).
+__device__ __forceinline__ int nf_used(const NfFrame* p)
+{
+    const NfState* state = (const NfState*)p->state;
+    return state->cut ? 0 : ((const NfControl*)p->control)->used;
+}
+
+// Packs the 2x2 block (cx, cy) of nominal RGB `rgb[q]` (q = 2·dy + dx) as NV12 codes: Y per
+// pixel, Cb/Cr the block's mean.
+__device__ void nf_pack_block(const NfFrame* p, int cx, int cy, const float rgb[4][3])
+{
+    const int w = p->width;
+    const float kr = p->kr, kb = p->kb, kg = 1.0f - kr - kb;
+    const float pb_div = 2.0f * (1.0f - kb), pr_div = 2.0f * (1.0f - kr);
     unsigned char* luma = (unsigned char*)p->nv12_out;
     float pb_sum = 0.0f, pr_sum = 0.0f;
     for (int q = 0; q < 4; q++) {
         const int x = 2 * cx + (q & 1), y = 2 * cy + (q >> 1);
-        const long long at = (long long)y * p->net_w + x, pixel = (long long)y * w + x;
-        float f0[3];
-        for (int c = 0; c < 3; c++)
-            f0[c] = ((p->nchw ? t[c * net_plane + at] : t[at * 3 + c]) - p->v_offset) * inv;
-        float acc[3] = {f0[0], f0[1], f0[2]};
-        float wsum = 1.0f, sk = 1.0f;
-        for (int k = 0; k < used; k++) {
-            sk *= ctl->strength;
-            const unsigned short* slot = ring + (long long)ctl->recent[k] * 3 * plane;
-            float fk[3];
-            for (int c = 0; c < 3; c++)
-                fk[c] = half_bits_to_float(slot[c * plane + pixel]);
-            const float d0 = fk[0] - f0[0], d1 = fk[1] - f0[1], d2 = fk[2] - f0[2];
-            const float dy = kr * d0 + kg * d1 + kb * d2;
-            const float dl = p->luma_units * dy;
-            const float dcb = p->chroma_units * (d2 - dy) / pb_div;
-            const float dcr = p->chroma_units * (d0 - dy) / pr_div;
-            const float wk = sk * expf(ctl->motion_coeff * (dl * dl + dcb * dcb + dcr * dcr));
-            for (int c = 0; c < 3; c++)
-                acc[c] += wk * fk[c];
-            wsum += wk;
-        }
-        // the raw output joins the ring after the recent entries were read (its slot may be
-        // the oldest of them)
-        if (ctl->write_slot >= 0) {
-            unsigned short* slot = ring + (long long)ctl->write_slot * 3 * plane;
-            for (int c = 0; c < 3; c++)
-                slot[c * plane + pixel] = float_to_half_bits(f0[c]);
-        }
-        const float r = acc[0] / wsum, g = acc[1] / wsum, b = acc[2] / wsum;
+        const float r = rgb[q][0], g = rgb[q][1], b = rgb[q][2];
         const float yv = kr * r + kg * g + kb * b;
-        luma[pixel] = nf_code(p->y_offset + p->y_scale * yv);
+        luma[(long long)y * w + x] = nf_code(p->y_offset + p->y_scale * yv);
         pb_sum += (b - yv) / pb_div;
         pr_sum += (r - yv) / pr_div;
     }
-    unsigned char* uv = luma + plane + (long long)cy * w + 2 * cx;
+    unsigned char* uv = luma + (long long)w * p->height + (long long)cy * w + 2 * cx;
     uv[0] = nf_code(128.0f + p->c_scale * 0.25f * pb_sum);
     uv[1] = nf_code(128.0f + p->c_scale * 0.25f * pr_sum);
+}
+
+// Model-scale 1. grid over the chroma blocks (width/2 x height/2), 16x16 threads: one 2x2
+// block each, filtered and packed.
+extern "C" __global__ void nf_tensor_to_nv12(const NfFrame* p)
+{
+    const int cx = blockIdx.x * blockDim.x + threadIdx.x;
+    const int cy = blockIdx.y * blockDim.y + threadIdx.y;
+    if (cx >= p->width / 2 || cy >= p->height / 2)
+        return;
+    const int used = nf_used(p);
+    float rgb[4][3];
+    for (int q = 0; q < 4; q++)
+        nf_filter(p, used, 2 * cx + (q & 1), 2 * cy + (q >> 1), rgb[q]);
+    nf_pack_block(p, cx, cy, rgb);
+}
+
+// Model-scale below 1, first half. grid over the content (scaled_w x scaled_h), 16x16
+// threads: the output filter per pixel into scaled_rgb ([3][scaled_h][scaled_w], fp32).
+extern "C" __global__ void nf_filter_scaled(const NfFrame* p)
+{
+    const int x = blockIdx.x * blockDim.x + threadIdx.x;
+    const int y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x >= p->scaled_w || y >= p->scaled_h)
+        return;
+    float rgb[3];
+    nf_filter(p, nf_used(p), x, y, rgb);
+    float* out = (float*)p->scaled_rgb;
+    const long long plane = (long long)p->scaled_w * p->scaled_h;
+    for (int c = 0; c < 3; c++)
+        out[c * plane + (long long)y * p->scaled_w + x] = rgb[c];
+}
+
+// Model-scale below 1, second half. grid over the chroma blocks, 16x16 threads: each pixel
+// of a 2x2 block upscaled bilinearly from scaled_rgb, the block packed.
+extern "C" __global__ void nf_upscale_to_nv12(const NfFrame* p)
+{
+    const int cx = blockIdx.x * blockDim.x + threadIdx.x;
+    const int cy = blockIdx.y * blockDim.y + threadIdx.y;
+    if (cx >= p->width / 2 || cy >= p->height / 2)
+        return;
+    const float* src = (const float*)p->scaled_rgb;
+    const int sw = p->scaled_w;
+    const long long plane = (long long)sw * p->scaled_h;
+    const auto value = [src, sw, plane](int x, int y, float v[3]) {
+        for (int c = 0; c < 3; c++)
+            v[c] = src[c * plane + (long long)y * sw + x];
+    };
+    float rgb[4][3];
+    for (int q = 0; q < 4; q++)
+        nf_resample((const NfTaps*)p->up_x, (const NfTaps*)p->up_y, 2 * cx + (q & 1),
+                    2 * cy + (q >> 1), value, rgb[q]);
+    nf_pack_block(p, cx, cy, rgb);
 }

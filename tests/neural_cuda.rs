@@ -8,6 +8,7 @@
 //! Without a GPU every test prints that it skipped, and why.
 
 mod common;
+mod cuda_common;
 #[path = "common/onnx_models.rs"]
 mod onnx_models;
 
@@ -15,7 +16,6 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use gst::prelude::*;
-use gsttoonflow::cuda;
 use gsttoonflow::cuda::neural::NeuralGpu;
 use gsttoonflow::cuda::neural::program::Storage;
 use gsttoonflow::neural::Tensor;
@@ -27,18 +27,9 @@ use gsttoonflow::neural::onnx::encode_model;
 use gsttoonflow::neural::temporal::StatSmoother;
 use onnx_models::{Rng, hayao_like, tiny_like};
 
-/// Why the GPU tests cannot run here, or None.
-fn gpu_missing() -> Option<String> {
-    match cuda::probe(0) {
-        Ok(_) => None,
-        Err(e) => Some(e.to_string()),
-    }
-}
-
 macro_rules! need_gpu {
     () => {
-        if let Some(why) = gpu_missing() {
-            println!("skipped: no usable CUDA device ({why})");
+        if cuda_common::cuda_or_skip().is_none() {
             return;
         }
     };
@@ -120,11 +111,7 @@ fn run_gpu(g: &mut NeuralGpu, input: &Tensor<f32>) -> Tensor<f32> {
 
 fn max_abs(a: &Tensor<f32>, b: &Tensor<f32>) -> f32 {
     assert_eq!(a.shape, b.shape);
-    a.data
-        .iter()
-        .zip(&b.data)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    cuda_common::max_abs_diff_f32(&a.data, &b.data)
 }
 
 /// PSNR of two [-1, 1] pictures on the [0, 1] scale.
@@ -654,7 +641,7 @@ fn the_element_runs_the_network_on_the_gpu() {
         // device beside the network. fp32 launches every stage; fp16 on tensor cores (sm_80+)
         // folds Resizes, layout Transposes and residual Adds into convolutions (the exact
         // folds are checked on the program in the tests above).
-        let frame_kernels = gsttoonflow::cuda::neural_frame::KERNEL_NAMES.len() as u32;
+        let frame_kernels = gsttoonflow::cuda::neural_frame::LAUNCHES_UNSCALED;
         let network = launches - frame_kernels;
         if precision == "fp32" {
             assert_eq!(network, 38);

@@ -10,6 +10,13 @@
 //!   output with the smoothing on (output filter and statistics smoothing) is at most half of
 //!   the bare network's; a scene cut resets both (the cut frame equals the bare network's).
 //!
+//! At model-scale 1 and below (0.5, and 0.4 with odd content sizes and uneven area weights):
+//! the down- and upscaling around the network are checked the same way.
+//!
+//! The element with CUDA memory (nvcodec's cudaupload/cudadownload around `toonflow model=`):
+//! the same frames as with system memory on both pads, no PCIe copy in the stats for a side in
+//! device memory, at model-scale 1 and 0.5.
+//!
 //! Eager frames and graph replays are both covered (graphs are captured after the warm-up).
 //! Without a GPU every test prints that it skipped, and why. Figures are printed
 //! (`--nocapture`).
@@ -19,10 +26,12 @@ mod cuda_common;
 #[path = "common/onnx_models.rs"]
 mod onnx_models;
 
-use cuda_common::{Frame, PHOTOS, Rng, cuda_or_skip, load_photo};
+use cuda_common::{Frame, PHOTOS, Rng, cuda_or_skip, load_photo, max_abs_diff_f32};
+use gst::prelude::*;
 use gsttoonflow::cuda::neural::program::Storage;
 use gsttoonflow::cuda::neural::{DeviceFrameIo, NeuralGpu};
 use gsttoonflow::cuda::neural_frame::{DeviceFrames, FilterSettings};
+use gsttoonflow::cuda::{FrameSource, FrameTarget};
 use gsttoonflow::neural::Tensor;
 use gsttoonflow::neural::engine::NeuralModel;
 use gsttoonflow::neural::frame::{
@@ -49,7 +58,12 @@ fn model() -> NeuralModel {
     NeuralModel::from_bytes(&encode_model(&onnx_models::tiny_like()), "tiny_like.onnx").unwrap()
 }
 
-fn config(model: &NeuralModel, matrix: ColorMatrix, range: ColorRange) -> ConverterConfig {
+fn config(
+    model: &NeuralModel,
+    matrix: ColorMatrix,
+    range: ColorRange,
+    scale: f64,
+) -> ConverterConfig {
     ConverterConfig {
         width: W,
         height: H,
@@ -58,7 +72,7 @@ fn config(model: &NeuralModel, matrix: ColorMatrix, range: ColorRange) -> Conver
         layout: model.input_layout(),
         value_range: ValueRange::MinusOneToOne,
         multiple: model.size_multiple(),
-        scale: 1.0,
+        scale,
     }
 }
 
@@ -102,7 +116,9 @@ impl Rig {
     fn run(&mut self, input: &Frame) -> (Frame, SceneCut, usize) {
         let mut out = Frame::new(W, H);
         let (view, mut target) = (input.view(), out.view_mut());
-        let mut job = self.frames.job(&view, &mut target);
+        let mut job = self
+            .frames
+            .job(FrameSource::Host(&view), FrameTarget::Host(&mut target));
         self.gpu.run_device(&mut job).unwrap();
         let (cut, used) = job.conclude();
         (out, cut, used)
@@ -113,7 +129,9 @@ impl Rig {
         let mut out = Frame::new(W, H);
         let (view, mut target) = (input.view(), out.view_mut());
         let stream = self.gpu.stream().clone();
-        let mut job = self.probe.job(&view, &mut target);
+        let mut job = self
+            .probe
+            .job(FrameSource::Host(&view), FrameTarget::Host(&mut target));
         job.upload(&stream).unwrap();
         job.before(&stream).unwrap();
         let mut t = self.converter.new_tensor();
@@ -168,20 +186,36 @@ fn flicker(frames: &[Frame]) -> f64 {
 
 #[test]
 fn device_conversions_and_filter_match_the_cpu_reference_on_photos() {
+    match_the_cpu_reference(&[
+        (ColorMatrix::Bt709, ColorRange::Limited, 1.0),
+        (ColorMatrix::Bt601, ColorRange::Full, 1.0),
+    ]);
+}
+
+#[test]
+fn scaled_device_conversions_and_filter_match_the_cpu_reference_on_photos() {
+    // 0.5: 160x116 content; 0.4: 128x93 (odd height, area weights of 0.4/0.6 coverage)
+    match_the_cpu_reference(&[
+        (ColorMatrix::Bt709, ColorRange::Limited, 0.5),
+        (ColorMatrix::Bt601, ColorRange::Full, 0.4),
+    ]);
+}
+
+/// For each (matrix, range, model-scale): four noisy frames of each photo through the device
+/// path, every step against the CPU reference.
+fn match_the_cpu_reference(cases: &[(ColorMatrix, ColorRange, f64)]) {
     let Some(device) = cuda_or_skip() else {
         return;
     };
     println!("device: {device}");
     let model = model();
     let photos: Vec<Frame> = PHOTOS.iter().map(|p| load_photo(p, W, H)).collect();
-    for (matrix, range) in [
-        (ColorMatrix::Bt709, ColorRange::Limited),
-        (ColorMatrix::Bt601, ColorRange::Full),
-    ] {
-        let config = config(&model, matrix, range);
+    for &(matrix, range, scale) in cases {
+        let config = config(&model, matrix, range, scale);
         let mut rig = Rig::new(&model, config, 4, true);
         let mut converter = FrameConverter::new(config).unwrap();
-        let mut filter = OutputFilter::new(W, H, 4, matrix, range);
+        let (sh, sw) = converter.scaled_size();
+        let mut filter = OutputFilter::new(sw, sh, 4, matrix, range);
         filter.set_params(4, 0.6, 3.0);
         let mut gate = SceneCutGate::new(W, H);
         // four noisy frames of each photo: the ring fills, graphs are captured and replayed,
@@ -194,7 +228,7 @@ fn device_conversions_and_filter_match_the_cpu_reference_on_photos() {
                 let (device_out, cut, used) = rig.run(&input);
                 // before the probe converts again (its input may share the output's memory)
                 let network_output = rig.network_output();
-                let label = format!("{matrix:?}/{range:?} {} frame {k}", PHOTOS[i]);
+                let label = format!("{matrix:?}/{range:?} scale {scale} {} frame {k}", PHOTOS[i]);
 
                 let view = input.view();
                 let mut want_in = converter.new_tensor();
@@ -202,12 +236,7 @@ fn device_conversions_and_filter_match_the_cpu_reference_on_photos() {
                     .to_tensor(view.y, view.y_stride, view.uv, view.uv_stride, &mut want_in)
                     .unwrap();
                 let got_in = rig.converted(&input);
-                let input_diff = got_in
-                    .data
-                    .iter()
-                    .zip(&want_in.data)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0f32, f32::max);
+                let input_diff = max_abs_diff_f32(&got_in.data, &want_in.data);
                 assert!(
                     input_diff <= 1e-4,
                     "{label}: network input differs by {input_diff}"
@@ -249,7 +278,7 @@ fn device_conversions_and_filter_match_the_cpu_reference_on_photos() {
             }
         }
         assert_eq!(cuts, photos.len() - 1, "every new photo is a cut");
-        println!("{matrix:?}/{range:?}: worst input diff {worst_input:.2e}");
+        println!("{matrix:?}/{range:?} scale {scale}: worst input diff {worst_input:.2e}");
     }
 }
 
@@ -260,9 +289,18 @@ fn smoothing_halves_the_flicker_of_a_static_noisy_clip_and_a_cut_resets_on_the_g
     };
     println!("device: {device}");
     let model = model();
-    let config = config(&model, ColorMatrix::Bt709, ColorRange::Limited);
-    let mut bare = Rig::new(&model, config, 0, true);
-    let mut smooth = Rig::new(&model, config, 4, true);
+    for scale in [1.0, 0.5] {
+        smoothing_and_cut(
+            &model,
+            config(&model, ColorMatrix::Bt709, ColorRange::Limited, scale),
+        );
+    }
+}
+
+fn smoothing_and_cut(model: &NeuralModel, config: ConverterConfig) {
+    let scale = config.scale;
+    let mut bare = Rig::new(model, config, 0, true);
+    let mut smooth = Rig::new(model, config, 4, true);
     smooth.gpu.set_smoothing(0.8);
     let still = load_photo("chelsea.png", W, H);
     let (mut bare_out, mut smooth_out) = (Vec::new(), Vec::new());
@@ -277,7 +315,10 @@ fn smoothing_halves_the_flicker_of_a_static_noisy_clip_and_a_cut_resets_on_the_g
     }
     // from the fourth frame on, the ring is full
     let (fb, fs) = (flicker(&bare_out[4..]), flicker(&smooth_out[4..]));
-    println!("static noisy clip: frame-to-frame change bare {fb:.3}, smoothed {fs:.3} codes");
+    println!(
+        "scale {scale}: static noisy clip: frame-to-frame change bare {fb:.3}, smoothed {fs:.3} \
+         codes"
+    );
     assert!(fb > 0.0, "the bare network follows the noise");
     assert!(fs <= 0.5 * fb, "smoothed {fs:.3} vs bare {fb:.3}");
 
@@ -297,4 +338,116 @@ fn smoothing_halves_the_flicker_of_a_static_noisy_clip_and_a_cut_resets_on_the_g
     let (_, cut, used) = smooth.run(&noisy(&load_photo("rocket.jpg", W, H), 3, 8));
     assert!(!cut.cut);
     assert_eq!(used, 1, "the ring restarted at the cut");
+}
+
+/// Runs `desc` (a `toonflow name=tf` and an `appsink name=sink`) to its end: the frames, the
+/// element's stats, whether its sink and src pads negotiated CUDA memory.
+fn run_pipeline(desc: &str) -> (Vec<common::Nv12>, gst::Structure, [bool; 2]) {
+    let pipeline = gst::parse::launch(desc).unwrap();
+    let sink = common::app_sink(&pipeline, "sink");
+    let tf = pipeline
+        .downcast_ref::<gst::Bin>()
+        .unwrap()
+        .by_name("tf")
+        .unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let mut frames = Vec::new();
+    let mut cuda = None;
+    while let Some(sample) = sink.try_pull_sample(gst::ClockTime::from_seconds(60)) {
+        frames.push(common::Nv12::from_buffer(
+            sample.buffer().unwrap(),
+            sample.caps().unwrap(),
+        ));
+        cuda.get_or_insert_with(|| {
+            ["sink", "src"].map(|p| {
+                let caps = tf.static_pad(p).unwrap().current_caps().unwrap();
+                caps.features(0)
+                    .is_some_and(|f| f.contains("memory:CUDAMemory"))
+            })
+        });
+    }
+    if let Some(msg) = pipeline
+        .bus()
+        .unwrap()
+        .pop_filtered(&[gst::MessageType::Error])
+    {
+        panic!("{desc}: {msg:?}");
+    }
+    let stats = tf.property::<gst::Structure>("stats");
+    pipeline.set_state(gst::State::Null).unwrap();
+    (frames, stats, cuda.expect("at least one frame"))
+}
+
+#[test]
+fn the_element_takes_and_gives_cuda_memory_with_the_frames_of_system_memory() {
+    let Some(device) = cuda_or_skip() else {
+        return;
+    };
+    common::init();
+    for name in ["cudaupload", "cudadownload"] {
+        if gst::ElementFactory::find(name).is_none() {
+            println!("skipped: no {name} element (nvcodec) here");
+            return;
+        }
+    }
+    println!("device: {device}");
+    let dir = common::TempDir::new("neural-cuda-memory");
+    let model = dir.path("tiny_like.onnx");
+    std::fs::write(&model, encode_model(&onnx_models::tiny_like())).unwrap();
+    let frames = 12;
+    let source = format!(
+        "videotestsrc pattern=ball num-buffers={frames} \
+         ! video/x-raw,format=NV12,width={W},height={H},framerate=30/1"
+    );
+    let sink = "video/x-raw,format=NV12 ! appsink name=sink sync=false";
+    let up = "cudaupload ! video/x-raw(memory:CUDAMemory)";
+    let down = "video/x-raw(memory:CUDAMemory) ! cudadownload";
+    let frame_bytes = (W * H * 3 / 2) as u64;
+    for scale in [1.0, 0.5] {
+        let tf = format!(
+            "toonflow name=tf backend=cuda model=\"{}\" model-scale={scale}",
+            model.display()
+        );
+        // (pipeline, input in CUDA memory, output in CUDA memory); the first is the reference
+        let cases = [
+            (format!("{source} ! {tf} ! {sink}"), false, false),
+            (
+                format!("{source} ! {up} ! {tf} ! {down} ! {sink}"),
+                true,
+                true,
+            ),
+            (format!("{source} ! {up} ! {tf} ! {sink}"), true, false),
+            (format!("{source} ! {tf} ! {down} ! {sink}"), false, true),
+        ];
+        let mut reference: Option<Vec<common::Nv12>> = None;
+        for (desc, cuda_in, cuda_out) in &cases {
+            let (out, stats, negotiated) = run_pipeline(desc);
+            let bytes = ["upload-bytes", "download-bytes"].map(|k| stats.get::<u64>(k).unwrap());
+            println!(
+                "scale {scale}, CUDA memory in {cuda_in} out {cuda_out}: {} frames, \
+                 upload-bytes {}, download-bytes {}, gpu-time-us {:.1}, p50-us {:.1}",
+                out.len(),
+                bytes[0],
+                bytes[1],
+                stats.get::<f64>("gpu-time-us").unwrap(),
+                stats.get::<f64>("p50-us").unwrap(),
+            );
+            assert_eq!(stats.get::<&str>("backend").unwrap(), "cuda", "{desc}");
+            assert_eq!(negotiated, [*cuda_in, *cuda_out], "{desc}: caps");
+            let want = |cuda: bool| if cuda { 0 } else { frame_bytes };
+            assert_eq!(bytes, [want(*cuda_in), want(*cuda_out)], "{desc}");
+            assert_eq!(out.len(), frames, "{desc}");
+            match &reference {
+                None => reference = Some(out),
+                Some(r) => {
+                    for (i, (a, b)) in r.iter().zip(&out).enumerate() {
+                        assert!(
+                            a.data == b.data,
+                            "{desc}: frame {i} differs from system memory"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -37,7 +37,7 @@ rm -rf "$out"
 mkdir -p "$out"/{gst/lib,gst/plugins,gst/bin,plugins,tests,bin,frei0r}
 
 # 1. The project's release artifacts.
-CPU_ONLY_TESTS="neural_ops neural_models neural_frame cpu_threads nvrtc_compile pipelines relay meson_sample"
+CPU_ONLY_TESTS="neural_ops neural_models neural_frame neural_frame_emulated cpu_threads nvrtc_compile pipelines relay meson_sample"
 # TOONFLOW_GPU_BUNDLE_TESTS="cuda_parity neural_cuda ..." builds and packs only those test
 # executables (the others, tract's above all, take minutes to relink); unset, every test.
 if [[ -n ${TOONFLOW_GPU_BUNDLE_TESTS:-} ]]; then

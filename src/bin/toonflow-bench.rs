@@ -13,6 +13,8 @@
 //! model=PATH` on the CPU reference (`cpu`: a few frames, it is slow) and on CUDA
 //! (`cuda-eager`, `cuda-graph`, with `--precisions`), at 720p, 1080p and 4K unless `--sizes`
 //! says otherwise. A configuration the element refuses prints its error as the row.
+//! `--model-scale S` runs the network at that model-scale; with `--model` the real-pipeline
+//! modes (nvh264dec, nvh264dec-cuda, ...) feed the neural element too.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -30,7 +32,7 @@ const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4
 rawvideoparse-only,appsrc-pinned,\
 appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,nvh264dec-only,\
 nvh264dec-cudadownload-only,nvh264dec-cuda-only,density,host-copies] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
-[--reps N] [--json FILE] [--model PATH.onnx]";
+[--reps N] [--json FILE] [--model PATH.onnx] [--model-scale S]";
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -43,6 +45,8 @@ struct Options {
     json: Option<PathBuf>,
     /// The neural stage's model: neural rows instead of the classic pipeline's.
     model: Option<PathBuf>,
+    /// model-scale of the neural rows (the element's default when `None`).
+    model_scale: Option<f64>,
 }
 
 fn parse_size(s: &str) -> Result<(usize, usize, String), String> {
@@ -78,6 +82,7 @@ fn parse_args() -> Result<Options, String> {
         reps: 3,
         json: None,
         model: None,
+        model_scale: None,
     };
     let (mut sizes_given, mut modes_given) = (false, false);
     let mut args = std::env::args().skip(1);
@@ -108,6 +113,13 @@ fn parse_args() -> Result<Options, String> {
                 o.modes = list(args.next())?
             }
             "--model" => o.model = Some(args.next().ok_or("--model PATH")?.into()),
+            "--model-scale" => {
+                o.model_scale = Some(
+                    args.next()
+                        .and_then(|v| v.parse().ok())
+                        .ok_or("--model-scale S")?,
+                )
+            }
             "--precisions" => o.precisions = list(args.next())?,
             "--frames" => {
                 o.frames = args
@@ -379,17 +391,17 @@ fn run_once(
 
 /// Runs a real-pipeline mode (see real.rs) in the first precision, prints its rows and adds
 /// them to the JSON `rows`.
-#[allow(clippy::too_many_arguments)]
+/// `inputs`: the frames, the pinned frames, the neural element's properties (or "").
 fn real_rows(
     mode: &str,
     w: usize,
     h: usize,
     label: &str,
     opts: &Options,
-    frames: &[gst::Buffer],
-    pinned: &Result<Vec<gst::Buffer>, String>,
+    inputs: (&[gst::Buffer], &Result<Vec<gst::Buffer>, String>, &str),
     rows: &mut Vec<String>,
 ) {
+    let (frames, pinned, toonflow_props) = inputs;
     if mode == "host-copies" {
         match real::host_copies(w, h) {
             Ok(copies) => {
@@ -424,6 +436,7 @@ fn real_rows(
                 precision,
                 frames,
                 pinned,
+                toonflow_props,
                 opts.frames,
                 Duration::from_secs(300),
             )
@@ -678,7 +691,11 @@ fn main() {
         },
         None => None,
     };
-    let model_prop = model.as_ref().map_or(String::new(), |(_, p)| p.clone());
+    let model_prop = match (&model, opts.model_scale) {
+        (Some((_, p)), Some(scale)) => format!("{p} model-scale={scale}"),
+        (Some((_, p)), None) => p.clone(),
+        (None, _) => String::new(),
+    };
     println!(
         "toonflow-bench: device: {device}; host: {host} cores; frames of real content (4 photos, plain and noised)"
     );
@@ -746,7 +763,8 @@ fn main() {
                     if cuda.is_err() {
                         println!("{label:<10} {mode:<11} skipped: no CUDA device");
                     } else {
-                        real_rows(mode, *w, *h, label, &opts, &frames, &pinned, &mut rows);
+                        let inputs = (&frames[..], &pinned, model_prop.as_str());
+                        real_rows(mode, *w, *h, label, &opts, inputs, &mut rows);
                     }
                     continue;
                 }

@@ -1,14 +1,17 @@
 //! The neural element's frame path on the device (kernels/neural_frame.cu): NV12 in, the
 //! scene-cut gate, NV12 → the network's input, the network's output → the temporal output
 //! filter → NV12, all on the device around [`NeuralGpu`]'s launches and captured with them in
-//! its CUDA graph. Per frame the host copies the NV12 planes (at page-locked speed when the
+//! its CUDA graph. The NV12 frames come and go in host memory or in device memory of the
+//! network's context (GstCudaMemory of nvcodec's elements: a copy on the device, no PCIe).
+//! At model-scale below 1 the input is area-averaged down and the filtered
+//! output upscaled bilinearly, with the CPU converter's own tap lists
+//! ([`crate::neural::frame::scaling_taps`]); the ring then holds the network's content size. Per frame the host copies the NV12 planes (at page-locked speed when the
 //! element registered them, src/toonflow/hostmem.rs), a 56-byte control block up and an 8-byte
 //! verdict (scene cut, score) back.
 //!
 //! [`DeviceFrames`] owns the device side: the NV12 planes, the ring of recent raw outputs
 //! (fp16, the network's content size), the thumbnail reference and the parameter block. The
-//! CPU reference of every step is src/neural/frame.rs and src/neural/temporal.rs; at
-//! model-scale below 1 the element keeps the host conversions ([`DeviceFrames::supports`]).
+//! CPU reference of every step is src/neural/frame.rs and src/neural/temporal.rs.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,21 +27,31 @@ use super::error::{CudaError, driver};
 use super::kernels::compile_cached;
 use super::neural::program::{NnControl, Program};
 use super::neural::{DeviceBlock, DeviceFrameIo, allocate};
-use super::pipeline::copy_nv12;
+use super::pipeline::{FrameSource, FrameTarget, copy_nv12};
 use crate::kernel_abi::{Define, KernelStruct, c_header, kernel_struct};
-use crate::neural::frame::{ConverterConfig, TensorLayout};
+use crate::neural::frame::{
+    ConverterConfig, SampleTaps, TensorLayout, scaled_dimension, scaling_taps,
+};
 use crate::neural::temporal::{OutputFilter, SceneCut};
+use crate::pipeline::FrameGeometry;
 use crate::pipeline::params::{THUMB_H, THUMB_W};
-use crate::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut};
 
 pub const KERNEL_SOURCE: &str = include_str!("../../kernels/neural_frame.cu");
 pub const KERNEL_FILE: &str = "neural_frame.cu";
-pub const KERNEL_NAMES: [&str; 4] = [
+pub const KERNEL_NAMES: [&str; 6] = [
     "nf_thumb_sums",
     "nf_scene",
     "nf_nv12_to_tensor",
     "nf_tensor_to_nv12",
+    "nf_filter_scaled",
+    "nf_upscale_to_nv12",
 ];
+/// Kernel launches per frame at model-scale 1 (thumbnail, scene, input, output).
+pub const LAUNCHES_UNSCALED: u32 = 4;
+/// Kernel launches per frame below model-scale 1 (the output side filters, then upscales).
+pub const LAUNCHES_SCALED: u32 = 5;
+/// Most taps of one resampled sample (an area average at model-scale 0.25 covers 5).
+const MAX_TAPS: usize = 6;
 
 kernel_struct! {
 /// One stream's frame conversions (device addresses absolute; written once per shape and
@@ -60,8 +73,18 @@ pub struct NfFrame {
     pub thumb_sums: u64,
     /// The previous frame's thumbnail means (L units), thumb_w x thumb_h.
     pub thumb_previous: u64,
+    /// Below model-scale 1: the filtered output, fp32 [3][scaled_h][scaled_w] (else 0).
+    pub scaled_rgb: u64,
+    /// Below model-scale 1: NfTaps per output sample of the four resamplings (else 0).
+    pub down_x: u64,
+    pub down_y: u64,
+    pub up_x: u64,
+    pub up_y: u64,
     pub width: i32,
     pub height: i32,
+    /// The network's content size (the frame's at model-scale 1); the ring's size.
+    pub scaled_w: i32,
+    pub scaled_h: i32,
     pub net_w: i32,
     pub net_h: i32,
     pub nchw: i32,
@@ -77,6 +100,15 @@ pub struct NfFrame {
     pub v_offset: f32,
     pub luma_units: f32,
     pub chroma_units: f32,
+}
+}
+
+kernel_struct! {
+/// One output sample of a resampling: `Σ weights[t]·input[first + t]`, t < count.
+pub struct NfTaps {
+    pub first: i32,
+    pub count: i32,
+    pub weights: [f32; MAX_TAPS],
 }
 }
 
@@ -115,6 +147,7 @@ pub fn full_source() -> String {
         &[Define::int("NF_THUMB_STRIDE", THUMB_W as i64)],
         &[
             NnControl::c_declaration(),
+            NfTaps::c_declaration(),
             NfFrame::c_declaration(),
             NfControl::c_declaration(),
             NfState::c_declaration(),
@@ -193,11 +226,14 @@ struct Layout {
     state: u64,
     sums: u64,
     previous: u64,
+    /// The tap lists (below model-scale 1), then the filtered output.
+    taps: u64,
+    scaled_rgb: u64,
     total: u64,
 }
 
 impl Layout {
-    fn new(nv12_bytes: u64) -> Layout {
+    fn new(nv12_bytes: u64, taps_bytes: u64, scaled_rgb_bytes: u64) -> Layout {
         let align = |b: u64| b.next_multiple_of(256);
         let nv12 = align(nv12_bytes);
         let frame = 2 * nv12;
@@ -205,7 +241,9 @@ impl Layout {
         let state = control + align(std::mem::size_of::<NfControl>() as u64);
         let sums = state + align(std::mem::size_of::<NfState>() as u64);
         let previous = sums + align(4 * (THUMB_W * THUMB_H) as u64);
-        let total = previous + align(4 * (THUMB_W * THUMB_H) as u64);
+        let taps = previous + align(4 * (THUMB_W * THUMB_H) as u64);
+        let scaled_rgb = taps + align(taps_bytes);
+        let total = scaled_rgb + align(scaled_rgb_bytes);
         Layout {
             nv12,
             frame,
@@ -213,9 +251,61 @@ impl Layout {
             state,
             sums,
             previous,
+            taps,
+            scaled_rgb,
             total,
         }
     }
+}
+
+/// The parameter block for `config` around a network of `net_size` (height, width): sizes,
+/// colour and value constants; every device address 0 (the frame path fills them).
+pub fn frame_params(config: &ConverterConfig, net_size: (usize, usize)) -> NfFrame {
+    let (w, h) = (config.width, config.height);
+    let (net_h, net_w) = net_size;
+    let (kr, kb) = config.matrix.kr_kb();
+    let (y_offset, y_scale, c_scale) = config.range.code_scales();
+    let (v_scale, v_offset) = config.value_range.scale_offset();
+    NfFrame {
+        width: w as i32,
+        height: h as i32,
+        scaled_w: scaled_dimension(w, config.scale) as i32,
+        scaled_h: scaled_dimension(h, config.scale) as i32,
+        net_w: net_w as i32,
+        net_h: net_h as i32,
+        nchw: (config.layout == TensorLayout::Nchw) as i32,
+        thumb_w: w.min(THUMB_W) as i32,
+        thumb_h: h.min(THUMB_H) as i32,
+        y_offset,
+        y_scale,
+        c_scale,
+        kr,
+        kb,
+        v_scale,
+        v_offset,
+        luma_units: 100.0 * y_scale / 255.0,
+        chroma_units: 100.0 * c_scale / 255.0,
+        ..bytemuck::Zeroable::zeroed()
+    }
+}
+
+/// The tap lists of [`scaling_taps`] as the kernels read them, one after the other; `None`
+/// when a sample has more than [`MAX_TAPS`] taps.
+pub fn device_taps(axes: &[Vec<SampleTaps>; 4]) -> Option<Vec<NfTaps>> {
+    let mut out = Vec::with_capacity(axes.iter().map(Vec::len).sum());
+    for sample in axes.iter().flatten() {
+        if sample.weights.len() > MAX_TAPS {
+            return None;
+        }
+        let mut weights = [0.0; MAX_TAPS];
+        weights[..sample.weights.len()].copy_from_slice(&sample.weights);
+        out.push(NfTaps {
+            first: sample.first as i32,
+            count: sample.weights.len() as i32,
+            weights,
+        });
+    }
+    Some(out)
 }
 
 /// One stream's frame path on the device (see the module documentation).
@@ -232,15 +322,20 @@ pub struct DeviceFrames {
     layout: Layout,
     width: usize,
     height: usize,
+    /// The network's content size (the ring's).
+    scaled: (usize, usize),
     settings: FilterSettings,
     slots: RingSlots,
     reset_pending: bool,
+    /// Bytes of the last frame that crossed PCIe up and down (0 for a device frame).
+    transferred: (u64, u64),
 }
 
 impl std::fmt::Debug for DeviceFrames {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceFrames")
             .field("size", &(self.width, self.height))
+            .field("scaled", &self.scaled)
             .field("ring_capacity", &self.slots.capacity())
             .field("device_bytes", &self.device_bytes())
             .finish()
@@ -248,12 +343,6 @@ impl std::fmt::Debug for DeviceFrames {
 }
 
 impl DeviceFrames {
-    /// Whether `config` runs on the device (model-scale 1: the frame is the network's
-    /// content); else the host conversions of src/neural/frame.rs stay.
-    pub fn supports(config: &ConverterConfig) -> bool {
-        config.scale == 1.0
-    }
-
     /// The frame path for `config` in `ctx` around `program` (its input and output must be
     /// fp32 of the converter's shape), with a ring for `settings.history` outputs.
     pub fn new(
@@ -263,63 +352,81 @@ impl DeviceFrames {
         net_size: (usize, usize),
         settings: FilterSettings,
     ) -> Result<DeviceFrames, CudaError> {
-        if !Self::supports(config) {
-            return Err(CudaError::Failed(format!(
-                "the device frame path runs at model-scale 1, not {}",
-                config.scale
-            )));
-        }
         let (w, h) = (config.width, config.height);
-        let (net_h, net_w) = net_size;
+        let (sw, sh) = (
+            scaled_dimension(w, config.scale),
+            scaled_dimension(h, config.scale),
+        );
+        let resampled = (sw, sh) != (w, h);
+        let taps = if resampled {
+            device_taps(&scaling_taps(w, h, sw, sh)).ok_or_else(|| {
+                CudaError::Failed(format!(
+                    "model-scale {} resamples {w}x{h} with more than {MAX_TAPS} taps a sample",
+                    config.scale
+                ))
+            })?
+        } else {
+            Vec::new()
+        };
         let kernels = kernels(ctx)?;
+        let taps_bytes: &[u8] = bytemuck::cast_slice(&taps);
         let layout = Layout::new(
             FrameGeometry {
                 width: w,
                 height: h,
             }
             .nv12_bytes() as u64,
+            taps_bytes.len() as u64,
+            if resampled { 4 * 3 * sw * sh } else { 0 } as u64,
         );
         let block = allocate(ctx, layout.total, "the neural frame buffers")?;
         let capacity = settings.history.min(OutputFilter::MAX_HISTORY);
-        let ring = allocate(ctx, ring_bytes(w, h, capacity), "the neural output ring")?;
-        // the gate's state starts cleared (no previous thumbnail, no cut)
-        // SAFETY: the block holds `bytes` bytes; the context is current (allocate bound it);
-        // `attach` below synchronises the context before anything reads the block.
+        let ring = allocate(ctx, ring_bytes(sw, sh, capacity), "the neural output ring")?;
+        // the gate's state starts cleared (no previous thumbnail, no cut); the tap lists
+        // SAFETY: the block holds `bytes` bytes, the tap lists fit at `layout.taps`; the
+        // context is current (allocate bound it); `attach` below synchronises the context
+        // before anything reads the block or `taps` is dropped.
         unsafe {
             result::memset_d8_async(block.ptr, 0, block.bytes as usize, std::ptr::null_mut())
+                .map_err(driver("cuMemsetD8Async"))?;
+            if resampled {
+                copy_h2d(
+                    std::ptr::null_mut(),
+                    taps_bytes.as_ptr(),
+                    block.ptr + layout.taps,
+                    taps_bytes.len(),
+                )
+                .map_err(driver("resampling taps upload"))?;
+            }
         }
-        .map_err(driver("cuMemsetD8Async"))?;
-        let (kr, kb) = config.matrix.kr_kb();
-        let (y_offset, y_scale, c_scale) = config.range.code_scales();
-        let (v_scale, v_offset) = config.value_range.scale_offset();
         let base = block.ptr;
+        // the four tap lists one after the other: down x, down y, up x, up y
+        let tap_list = |before: usize| {
+            if resampled {
+                base + layout.taps + (before * std::mem::size_of::<NfTaps>()) as u64
+            } else {
+                0
+            }
+        };
         let params = NfFrame {
             nv12_in: base,
             nv12_out: base + layout.nv12,
-            tensor_in: 0,
-            tensor_out: 0,
             ring: ring.ptr,
             control: base + layout.control,
             state: base + layout.state,
-            net_control: 0,
             thumb_sums: base + layout.sums,
             thumb_previous: base + layout.previous,
-            width: w as i32,
-            height: h as i32,
-            net_w: net_w as i32,
-            net_h: net_h as i32,
-            nchw: (config.layout == TensorLayout::Nchw) as i32,
-            thumb_w: w.min(THUMB_W) as i32,
-            thumb_h: h.min(THUMB_H) as i32,
-            y_offset,
-            y_scale,
-            c_scale,
-            kr,
-            kb,
-            v_scale,
-            v_offset,
-            luma_units: 100.0 * y_scale / 255.0,
-            chroma_units: 100.0 * c_scale / 255.0,
+            scaled_rgb: if resampled {
+                base + layout.scaled_rgb
+            } else {
+                0
+            },
+            down_x: tap_list(0),
+            down_y: tap_list(sw),
+            up_x: tap_list(sw + sh),
+            up_y: tap_list(sw + sh + w),
+            // the network's tensors and control: `attach`
+            ..frame_params(config, net_size)
         };
         let mut frames = DeviceFrames {
             ring,
@@ -332,9 +439,11 @@ impl DeviceFrames {
             layout,
             width: w,
             height: h,
+            scaled: (sw, sh),
             settings,
             slots: RingSlots::new(capacity),
             reset_pending: true,
+            transferred: (0, 0),
         };
         frames.attach(program)?;
         Ok(frames)
@@ -442,13 +551,28 @@ impl DeviceFrames {
         Ok(())
     }
 
-    /// Bytes of one NV12 frame (what a frame copies each way).
+    /// Bytes of one NV12 frame (what a frame in host memory copies each way).
     pub fn frame_bytes(&self) -> u64 {
         let (width, height) = (self.width, self.height);
         FrameGeometry { width, height }.nv12_bytes() as u64
     }
 
-    /// Device bytes held (NV12 planes, ring, thumbnails, blocks).
+    /// Bytes of the last frame that crossed PCIe (host → device, device → host): a frame's
+    /// size for a side in host memory, 0 for a side in device memory.
+    pub fn transferred_bytes(&self) -> (u64, u64) {
+        self.transferred
+    }
+
+    /// Kernel launches per frame.
+    pub fn launches(&self) -> u32 {
+        if self.scaled == (self.width, self.height) {
+            LAUNCHES_UNSCALED
+        } else {
+            LAUNCHES_SCALED
+        }
+    }
+
+    /// Device bytes held (NV12 planes, ring, thumbnails, tap lists, blocks).
     pub fn device_bytes(&self) -> u64 {
         self.block.bytes + self.ring.bytes
     }
@@ -462,7 +586,7 @@ impl DeviceFrames {
         if history > self.slots.capacity() {
             // the old ring goes before the larger one is allocated; until that succeeds
             // the ring holds nothing
-            let (w, h) = (self.width, self.height);
+            let (w, h) = self.scaled;
             self.ring = allocate(&self.ctx, 1, "the neural output ring")?;
             self.slots = RingSlots::new(0);
             let grown = allocate(
@@ -545,12 +669,12 @@ impl DeviceFrames {
         )
     }
 
-    /// A frame's work in host memory: `input` up, the conversions around the network, the
-    /// result down into `output`.
+    /// A frame's work: `input` up (or copied on the device), the conversions around the
+    /// network, the result down into `output` (or copied on the device).
     pub fn job<'j, 'a, 'b>(
         &'j mut self,
-        input: &'j Nv12Frame<'a>,
-        output: &'j mut Nv12FrameMut<'b>,
+        input: FrameSource<'j, 'a>,
+        output: FrameTarget<'j, 'b>,
     ) -> FrameJob<'j, 'a, 'b> {
         self.prepare_control();
         FrameJob {
@@ -566,8 +690,8 @@ impl DeviceFrames {
 /// [`NeuralGpu::run_device`]: super::neural::NeuralGpu::run_device
 pub struct FrameJob<'j, 'a, 'b> {
     frames: &'j mut DeviceFrames,
-    input: &'j Nv12Frame<'a>,
-    output: &'j mut Nv12FrameMut<'b>,
+    input: FrameSource<'j, 'a>,
+    output: FrameTarget<'j, 'b>,
 }
 
 impl FrameJob<'_, '_, '_> {
@@ -587,24 +711,29 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
     fn upload(&mut self, stream: &CudaStream) -> Result<(), CudaError> {
         let f = &self.frames;
         let (w, h) = (f.width, f.height);
-        if self.input.geometry.width != w || self.input.geometry.height != h {
-            return Err(CudaError::Failed(format!(
-                "input frame of {}x{}, the neural frame path holds {w}x{h}",
-                self.input.geometry.width, self.input.geometry.height
-            )));
-        }
+        let (source, bytes) = match &self.input {
+            FrameSource::Host(i) => {
+                check_geometry(i.geometry, w, h, "input")?;
+                let planes = host_planes(
+                    i.y.as_ptr() as *mut u8,
+                    i.y_stride,
+                    i.uv.as_ptr() as *mut u8,
+                    i.uv_stride,
+                );
+                (planes, f.frame_bytes())
+            }
+            FrameSource::Device(d) => {
+                d.check(w, "input")?;
+                (d.rows(), 0)
+            }
+        };
         let s = stream.cu_stream();
-        let (i, source_y, source_uv) = (self.input, self.input.y, self.input.uv);
-        let source = host_planes(
-            source_y.as_ptr() as *mut u8,
-            i.y_stride,
-            source_uv.as_ptr() as *mut u8,
-            i.uv_stride,
-        );
         // SAFETY: an `Nv12Frame` holds `h` (`h/2`) rows of `w` bytes `y_stride` (`uv_stride`)
-        // apart; the block holds packed NV12 of w×h at `nv12_in`; the input outlives the
-        // frame's synchronisation. The control block is in the block at `control` and the
-        // boxed host copy lives in `self.frames` past that synchronisation.
+        // apart, a device frame was mapped for this geometry in the network's context (rows
+        // of at least `w` bytes, checked); the block holds packed NV12 of w×h at `nv12_in`;
+        // the input outlives the frame's synchronisation. The control block is in the block
+        // at `control` and the boxed host copy lives in `self.frames` past that
+        // synchronisation.
         unsafe {
             copy_nv12(s, source, self.nv12_rows(f.params.nv12_in), w, h, "upload")?;
             copy_h2d(
@@ -615,6 +744,7 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
             )
             .map_err(driver("neural frame control upload"))?;
         }
+        self.frames.transferred.0 = bytes;
         Ok(())
     }
 
@@ -637,33 +767,45 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
 
     fn after(&self, stream: &CudaStream) -> Result<(), CudaError> {
         let f = &self.frames;
-        let grid = (
-            (f.width as u32 / 2).div_ceil(BLOCK_2D),
-            (f.height as u32 / 2).div_ceil(BLOCK_2D),
-        );
-        f.launch(stream, 3, grid, (BLOCK_2D, BLOCK_2D))
+        let over =
+            |w: usize, h: usize| ((w as u32).div_ceil(BLOCK_2D), (h as u32).div_ceil(BLOCK_2D));
+        let blocks = over(f.width / 2, f.height / 2);
+        if f.launches() == LAUNCHES_UNSCALED {
+            return f.launch(stream, 3, blocks, (BLOCK_2D, BLOCK_2D));
+        }
+        f.launch(
+            stream,
+            4,
+            over(f.scaled.0, f.scaled.1),
+            (BLOCK_2D, BLOCK_2D),
+        )?;
+        f.launch(stream, 5, blocks, (BLOCK_2D, BLOCK_2D))
     }
 
     fn launches(&self) -> u32 {
-        KERNEL_NAMES.len() as u32
+        self.frames.launches()
     }
 
     fn download(&mut self, stream: &CudaStream) -> Result<(), CudaError> {
         let (w, h) = (self.frames.width, self.frames.height);
-        if self.output.geometry.width != w || self.output.geometry.height != h {
-            return Err(CudaError::Failed(format!(
-                "output frame of {}x{}, the neural frame path holds {w}x{h}",
-                self.output.geometry.width, self.output.geometry.height
-            )));
-        }
+        let (target, bytes) = match &mut self.output {
+            FrameTarget::Host(o) => {
+                check_geometry(o.geometry, w, h, "output")?;
+                let planes =
+                    host_planes(o.y.as_mut_ptr(), o.y_stride, o.uv.as_mut_ptr(), o.uv_stride);
+                (planes, self.frames.frame_bytes())
+            }
+            FrameTarget::Device(d) => {
+                d.check(w, "output")?;
+                (d.rows(), 0)
+            }
+        };
         let s = stream.cu_stream();
-        let o = &mut *self.output;
-        let target = host_planes(o.y.as_mut_ptr(), o.y_stride, o.uv.as_mut_ptr(), o.uv_stride);
         let source = self.nv12_rows(self.frames.params.nv12_out);
         let state = self.frames.params.state;
-        // SAFETY: as for the upload, the other way: the output planes are writable and not
-        // read before the frame's synchronisation; the verdict box holds an NfState and lives
-        // in `self.frames`.
+        // SAFETY: as for the upload, the other way: the output planes (host, or device memory
+        // mapped writable) are not read before the frame's synchronisation; the verdict box
+        // holds an NfState and lives in `self.frames`.
         unsafe {
             copy_nv12(s, source, target, w, h, "download")?;
             copy_d2h(
@@ -674,7 +816,28 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
             )
             .map_err(driver("scene verdict download"))?;
         }
+        self.frames.transferred.1 = bytes;
         Ok(())
+    }
+}
+
+/// A host frame's size against the frame path's.
+fn check_geometry(g: FrameGeometry, w: usize, h: usize, what: &str) -> Result<(), CudaError> {
+    if (g.width, g.height) != (w, h) {
+        return Err(CudaError::Failed(format!(
+            "{what} frame of {}x{}, the neural frame path holds {w}x{h}",
+            g.width, g.height
+        )));
+    }
+    Ok(())
+}
+
+/// `target` for a shorter borrow (a frame's first half, before the calibration rebuilds the
+/// network, then its second half).
+pub fn reborrow<'s, 'b>(target: &'s mut FrameTarget<'_, 'b>) -> FrameTarget<'s, 'b> {
+    match target {
+        FrameTarget::Host(f) => FrameTarget::Host(f),
+        FrameTarget::Device(d) => FrameTarget::Device(*d),
     }
 }
 
@@ -756,6 +919,28 @@ fn ring_bytes(w: usize, h: usize, capacity: usize) -> u64 {
 mod tests {
     use super::*;
     use crate::pipeline::ring::TemporalRing;
+
+    #[test]
+    fn device_taps_follow_the_converters_lists_in_order_and_refuse_wide_samples() {
+        let axes = scaling_taps(38, 22, scaled_dimension(38, 0.4), scaled_dimension(22, 0.4));
+        let flat = device_taps(&axes).unwrap();
+        assert_eq!(flat.len(), 15 + 9 + 38 + 22);
+        for (device, cpu) in flat.iter().zip(axes.iter().flatten()) {
+            let n = cpu.weights.len();
+            assert_eq!(
+                (device.first as usize, device.count as usize),
+                (cpu.first, n)
+            );
+            assert_eq!(&device.weights[..n], &cpu.weights[..]);
+            assert!(device.weights[n..].iter().all(|&w| w == 0.0));
+        }
+        let wide = SampleTaps {
+            first: 0,
+            weights: vec![0.125; MAX_TAPS + 2],
+        };
+        assert!(device_taps(&[vec![wide], vec![], vec![], vec![]]).is_none());
+        assert_eq!(std::mem::size_of::<NfTaps>(), 32);
+    }
 
     /// Frame after frame with changing history and scene cuts, the slots the device reads
     /// hold the frames the CPU filter's ring holds, most recent first.

@@ -61,14 +61,14 @@ pub struct DeviceNv12 {
 }
 
 impl DeviceNv12 {
-    fn rows(&self) -> [Rows; 2] {
+    pub(crate) fn rows(&self) -> [Rows; 2] {
         [
             Rows::device(self.y, self.y_pitch),
             Rows::device(self.uv, self.uv_pitch),
         ]
     }
 
-    fn check(&self, width: usize, what: &str) -> Result<(), CudaError> {
+    pub(crate) fn check(&self, width: usize, what: &str) -> Result<(), CudaError> {
         if self.y == 0 || self.uv == 0 || self.y_pitch < width || self.uv_pitch < width {
             return Err(CudaError::Failed(format!(
                 "{what} device frame {self:?} does not hold rows of {width} bytes"
@@ -101,6 +101,7 @@ pub(crate) unsafe fn copy_nv12(
 
 /// Where a frame comes from: host memory (uploaded over PCIe) or device memory of the
 /// pipeline's context (copied on the device into the arena).
+#[derive(Clone, Copy)]
 pub enum FrameSource<'a, 'b> {
     Host(&'a Nv12Frame<'b>),
     Device(DeviceNv12),

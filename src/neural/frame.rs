@@ -215,6 +215,41 @@ impl Resampler {
     }
 }
 
+/// The taps of one output sample of a 1-D resampling: `Σ weights[t]·input[first + t]`, summed
+/// from 0 in tap order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleTaps {
+    pub first: usize,
+    pub weights: Vec<f32>,
+}
+
+/// The four resamplings of model-scale s below 1 for a `width`×`height` frame whose network
+/// content is `scaled_w`×`scaled_h`, per output sample, exactly as [`FrameConverter`] applies
+/// them (separably, along x first): down along x, down along y (area), up along x, up along y
+/// (bilinear), for the device frame path (src/cuda/neural_frame.rs).
+pub fn scaling_taps(
+    width: usize,
+    height: usize,
+    scaled_w: usize,
+    scaled_h: usize,
+) -> [Vec<SampleTaps>; 4] {
+    let listed = |r: Resampler| {
+        r.taps
+            .iter()
+            .map(|&(first, w0, n)| SampleTaps {
+                first,
+                weights: r.weights[w0..w0 + n].to_vec(),
+            })
+            .collect()
+    };
+    [
+        listed(Resampler::area(width, scaled_w)),
+        listed(Resampler::area(height, scaled_h)),
+        listed(Resampler::bilinear(scaled_w, width)),
+        listed(Resampler::bilinear(scaled_h, height)),
+    ]
+}
+
 /// Resamples one `sw×sh` plane into `dw×dh`: along x into `tmp` (`dw×sh`), then along y.
 #[allow(clippy::too_many_arguments)]
 fn resample_plane(
@@ -974,6 +1009,35 @@ mod tests {
         let b = Resampler::bilinear(2, 4);
         let vals: Vec<f32> = (0..4).map(|i| b.sample(i, |j| [0.0, 1.0][j])).collect();
         assert_eq!(vals, [0.0, 0.25, 0.75, 1.0]);
+    }
+
+    #[test]
+    fn scaling_taps_list_the_converters_resamplers() {
+        let [down_x, down_y, up_x, up_y] = scaling_taps(5, 8, 2, 4);
+        assert_eq!(down_x.len(), 2);
+        assert_eq!(down_x[1].first, 2);
+        for (g, w) in down_x[1].weights.iter().zip([0.2, 0.4, 0.4]) {
+            assert!((g - w).abs() < 1e-6);
+        }
+        // 8 → 4: pairs of equal weight
+        assert!(
+            down_y
+                .iter()
+                .enumerate()
+                .all(|(i, t)| t.first == 2 * i && t.weights == [0.5, 0.5])
+        );
+        assert_eq!(up_x.len(), 5);
+        assert_eq!(up_y.len(), 8);
+        // every tap list sums to 1 and stays inside its input
+        for (taps, input) in [(&down_x, 5), (&down_y, 8), (&up_x, 2), (&up_y, 4)] {
+            for t in taps.iter() {
+                assert!(t.first + t.weights.len() <= input);
+                assert!((t.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+            }
+        }
+        // at the smallest model-scale an area sample covers at most 5 inputs
+        let [down_x, ..] = scaling_taps(1918, 8, scaled_dimension(1918, 0.25), 2);
+        assert!(down_x.iter().all(|t| t.weights.len() <= 5));
     }
 
     #[test]

@@ -796,24 +796,41 @@ impl Engine {
         }
     }
 
-    /// Stylizes one frame on the CUDA pipeline with either side in device memory of the shared
-    /// context (zero-copy with nvcodec). Only for the classic CUDA processor
-    /// ([`Engine::runs_on_gpu`]); a GPU failure is an error here (the element maps CUDA memory
+    /// Stylizes one frame on the CUDA pipeline or the network's device frame path with either
+    /// side in device memory of the shared context (zero-copy with nvcodec). Only where
+    /// [`Engine::runs_on_gpu`]; a GPU failure is an error here (the element maps CUDA memory
     /// as system memory for the CPU fallback).
     pub fn process_frames(
         &mut self,
         input: FrameSource,
         output: FrameTarget,
     ) -> Result<FrameOutcome, EngineError> {
-        let (Some(stream), Some(Processor::ClassicCuda(p))) = (&self.stream, &mut self.processor)
-        else {
+        let (Some(stream), Some(processor)) = (&self.stream, &mut self.processor) else {
             return Err(EngineError::NotConfigured);
         };
-        let report = p
-            .process_frames(&stream.params, input, output)
-            .map_err(EngineError::CudaProcessing)?;
-        let gpu = p.last_frame_stats();
-        Ok(self.classic_cuda_frame_done(report, gpu))
+        let p = match processor {
+            Processor::ClassicCuda(p) => {
+                let report = p
+                    .process_frames(&stream.params, input, output)
+                    .map_err(EngineError::CudaProcessing)?;
+                let gpu = p.last_frame_stats();
+                return Ok(self.classic_cuda_frame_done(report, gpu));
+            }
+            Processor::NeuralCuda(p) => p,
+            _ => return Err(EngineError::NotConfigured),
+        };
+        let result = p.process_frames(input, output);
+        let log = p.take_log();
+        let (gpu, neural) = (p.gpu_stats(), p.frame_stats());
+        for line in log {
+            self.log(Level::Info, line);
+        }
+        let report = result.map_err(|err| self.neural_gpu_error(err))?;
+        Ok(FrameOutcome {
+            report,
+            gpu: Some(gpu),
+            neural: Some(neural),
+        })
     }
 
     /// After a classic CUDA frame: logs what the pipeline reported (plans, fallbacks) and wraps
@@ -830,9 +847,33 @@ impl Engine {
         }
     }
 
-    /// Whether frames go to the classic CUDA pipeline (device frames can be processed).
+    /// Whether frames go to the classic CUDA pipeline or the network's device frame path
+    /// (device frames can be processed): the network runs in the process's primary context,
+    /// so only when that is the shared one, and without model-edges (it draws on host frames).
     pub fn runs_on_gpu(&self) -> bool {
-        matches!(self.processor, Some(Processor::ClassicCuda(_)))
+        match &self.processor {
+            Some(Processor::ClassicCuda(_)) => true,
+            Some(Processor::NeuralCuda(p)) => {
+                p.takes_device_frames()
+                    && self.stream.as_ref().is_some_and(|s| !s.model_edges)
+                    && self.cuda_context.as_ref().is_none_or(|c| c.is_primary())
+            }
+            _ => false,
+        }
+    }
+
+    /// The engine's error for a network that failed on the GPU.
+    fn neural_gpu_error(&self, err: NeuralGpuError) -> EngineError {
+        match err {
+            NeuralGpuError::Cuda(e) => EngineError::CudaProcessing(e),
+            NeuralGpuError::Model(source) => EngineError::Model {
+                path: self
+                    .model
+                    .as_ref()
+                    .map_or_else(String::new, |m| m.0.clone()),
+                source,
+            },
+        }
     }
 
     /// A frame failed on the GPU network: backend=auto switches to the CPU reference (this
@@ -843,16 +884,13 @@ impl Engine {
         input: &Nv12Frame,
         output: &mut Nv12FrameMut,
     ) -> Result<FrameOutcome, EngineError> {
+        if self.choice != BackendChoice::Auto {
+            return Err(self.neural_gpu_error(err));
+        }
         let path = self
             .model
             .as_ref()
             .map_or_else(String::new, |m| m.0.clone());
-        if self.choice != BackendChoice::Auto {
-            return Err(match err {
-                NeuralGpuError::Cuda(e) => EngineError::CudaProcessing(e),
-                NeuralGpuError::Model(source) => EngineError::Model { path, source },
-            });
-        }
         self.backend = Backend::Cpu;
         self.events.push(EngineEvent::FellBack(format!(
             "the network failed on the GPU ({err}); model= runs on the CPU reference from now on"

@@ -127,12 +127,13 @@ impl Toonflow {
         }
     }
 
-    /// Settings under which the classic CUDA pipeline may run (no CPU backend, no model).
+    /// Settings under which the CUDA pipeline or the network's device frame path may run (no
+    /// CPU backend).
     fn wants_cuda(settings: &Settings) -> bool {
         !matches!(
             settings.backend,
             BackendChoice::Cpu | BackendChoice::CpuReference
-        ) && settings.model.path.is_empty()
+        )
     }
 
     /// Whether `memory:CUDAMemory` caps are offered now: the GPU path may run and a context is

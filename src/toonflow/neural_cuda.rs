@@ -1,10 +1,11 @@
 //! The neural processor on the GPU: the network on the device
 //! ([`crate::cuda::neural::NeuralGpu`], one CUDA graph per shape, the statistics smoother on
-//! the device) and, at model-scale 1, the frame path too ([`DeviceFrames`]: NV12 in and out,
-//! the scene gate, the conversions and the temporal output filter as kernels captured in the
-//! network's graph; per frame only the NV12 planes cross PCIe). At other scales, or with
-//! `TOONFLOW_NEURAL_DEVICE_FRAMES=0` (for comparisons), the CPU processor's conversions and
-//! output filter ([`super::neural_cpu`]) run on the host around the network.
+//! the device) and the frame path too ([`DeviceFrames`]: NV12 in and out, the scene gate, the
+//! conversions with the model-scale resampling and the temporal output filter as kernels
+//! captured in the network's graph; per frame only the NV12 planes cross PCIe). With
+//! `TOONFLOW_NEURAL_DEVICE_FRAMES=0` (for comparisons), or when the device path cannot be
+//! built, the CPU processor's conversions and output filter ([`super::neural_cpu`]) run on the
+//! host around the network.
 //!
 //! `precision=fp32` stores every activation in fp32. `precision=fp16` is calibrated: the first
 //! frame runs in fp32, stage by stage, while [`Calibrator`] records every stage output's range
@@ -16,8 +17,8 @@ use std::sync::Arc;
 use crate::cuda::neural::DeviceFrameIo;
 use crate::cuda::neural::program::Storage;
 use crate::cuda::neural::{NeuralGpu, NeuralGpuError, NeuralGpuEvent};
-use crate::cuda::neural_frame::{DeviceFrames, FilterSettings};
-use crate::cuda::{CudaError, GpuFrameStats};
+use crate::cuda::neural_frame::{DeviceFrames, FilterSettings, reborrow};
+use crate::cuda::{CudaError, FrameSource, FrameTarget, GpuFrameStats};
 use crate::neural::Tensor;
 use crate::neural::engine::NeuralModel;
 use crate::neural::frame::ConverterConfig;
@@ -80,12 +81,6 @@ impl NeuralCuda {
         let mut log = Vec::new();
         let frames = if !device_frames_enabled() {
             log.push("frame conversions on the host (TOONFLOW_NEURAL_DEVICE_FRAMES=0)".into());
-            None
-        } else if !DeviceFrames::supports(&config) {
-            log.push(format!(
-                "frame conversions on the host: the device path runs at model-scale 1, not {}",
-                config.scale
-            ));
             None
         } else {
             let settings = filter_settings(&params);
@@ -178,7 +173,8 @@ impl NeuralCuda {
     }
 
     /// The last frame's figures; on the device frame path the NV12 planes are what crossed
-    /// PCIe each way (the host path's f32 tensors are not counted).
+    /// PCIe each way, nothing for a side in device memory (the host path's f32 tensors are
+    /// not counted).
     pub fn gpu_stats(&self) -> GpuFrameStats {
         let mut stats = self
             .gpu
@@ -186,10 +182,15 @@ impl NeuralCuda {
             .map(|g| g.last_frame_stats())
             .unwrap_or_default();
         if let Some(frames) = &self.frames {
-            let bytes = frames.frame_bytes();
-            (stats.upload_bytes, stats.download_bytes) = (bytes, bytes);
+            (stats.upload_bytes, stats.download_bytes) = frames.transferred_bytes();
         }
         stats
+    }
+
+    /// Whether frames in device memory of the network's context can be processed
+    /// ([`process_frames`](Self::process_frames)): the frame path runs on the device.
+    pub fn takes_device_frames(&self) -> bool {
+        self.frames.is_some() && self.gpu.is_some()
     }
 
     pub fn set_use_graph(&mut self, on: bool) {
@@ -248,17 +249,28 @@ impl NeuralCuda {
         if self.frames.is_none() {
             return self.process_on_host(input, output, lines);
         }
+        let report = self.process_frames(FrameSource::Host(input), FrameTarget::Host(output))?;
+        self.f.draw_lines(lines, output);
+        Ok(report)
+    }
+
+    /// Stylizes one frame on the device frame path, either side in host memory or in device
+    /// memory of the network's context (no lines: model-edges draws on host frames).
+    pub fn process_frames(
+        &mut self,
+        input: FrameSource,
+        output: FrameTarget,
+    ) -> Result<FrameReport, NeuralGpuError> {
         let (cut, history_used) = if self.calibrating.is_some() {
             self.calibrate_on_device(input, output)?
         } else {
             let (Some(gpu), Some(frames)) = (self.gpu.as_mut(), self.frames.as_mut()) else {
-                return Err(no_network());
+                return Err(no_device_frames());
             };
             let mut job = frames.job(input, output);
             gpu.run_device(&mut job)?;
             job.conclude()
         };
-        self.f.draw_lines(lines, output);
         Ok(FrameReport {
             scene_cut: cut.cut,
             scene_score: cut.score,
@@ -271,14 +283,14 @@ impl NeuralCuda {
     /// calibrated storage, the output filter on the device from the fp32 result.
     fn calibrate_on_device(
         &mut self,
-        input: &Nv12Frame,
-        output: &mut Nv12FrameMut,
+        input: FrameSource,
+        mut output: FrameTarget,
     ) -> Result<(SceneCut, usize), NeuralGpuError> {
         let (Some(gpu), Some(frames)) = (self.gpu.as_mut(), self.frames.as_mut()) else {
-            return Err(no_network());
+            return Err(no_device_frames());
         };
         {
-            let mut job = frames.job(input, output);
+            let mut job = frames.job(input, reborrow(&mut output));
             gpu.context()
                 .bind_to_thread()
                 .map_err(|e| CudaError::Failed(format!("binding the context: {e}")))?;
@@ -288,7 +300,7 @@ impl NeuralCuda {
         frames.read_input(gpu.stream(), &mut self.f.input.data)?;
         self.calibrate()?;
         let (Some(gpu), Some(frames)) = (self.gpu.as_mut(), self.frames.as_mut()) else {
-            return Err(no_network());
+            return Err(no_device_frames());
         };
         frames.attach(gpu.program())?;
         frames.write_output(gpu.stream(), &self.output.data)?;
@@ -371,6 +383,13 @@ impl NeuralCuda {
 fn no_network() -> NeuralGpuError {
     CudaError::Failed(
         "the network has no device memory: its rebuild after calibration failed".into(),
+    )
+    .into()
+}
+
+fn no_device_frames() -> NeuralGpuError {
+    CudaError::Failed(
+        "the neural frame path is not on the device (or its network has no device memory)".into(),
     )
     .into()
 }

@@ -161,6 +161,15 @@ pub fn diff_stats(a: &[u8], b: &[u8]) -> (u8, f64) {
     (max, ok as f64 / a.len() as f64)
 }
 
+/// max |a−b| over two equally long f32 slices (0 for empty ones).
+pub fn max_abs_diff_f32(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
 pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
     let mse: f64 = a
         .iter()

@@ -258,6 +258,7 @@ pub fn run_mode(
     precision: &str,
     frames: &[gst::Buffer],
     pinned: &[gst::Buffer],
+    toonflow_props: &str,
     count: usize,
     deadline: Duration,
 ) -> Result<Vec<Measured>, String> {
@@ -265,7 +266,10 @@ pub fn run_mode(
     let caps = format!("video/x-raw,{size},framerate=30/1");
     // After a decoder: the stream's own frame rate.
     let decoded = format!("video/x-raw,{size}");
-    let toon = format!("toonflow name=t backend=cuda precision={precision} cuda-graph=true");
+    // `toonflow_props`: e.g. the neural element's ` model="PATH" model-scale=0.5`
+    let toon = format!(
+        "toonflow name=t backend=cuda precision={precision} cuda-graph=true{toonflow_props}"
+    );
     let sink = "fakesink sync=false async=false";
     let appsrc =
         format!("appsrc name=src format=time is-live=false block=true max-buffers=4 caps={caps}");
