@@ -8,7 +8,8 @@ set -euo pipefail
 
 PACKAGES=(
   # build: GStreamer headers for gstreamer-rs, pkg-config, a C toolchain for the meson sample
-  libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev pkg-config gcc libc6-dev
+  # (g++: tests/neural_frame_emulated compiles kernels/neural_frame.cu for the host)
+  libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev pkg-config gcc g++ libc6-dev
   meson ninja-build ca-certificates git
   # run time: gst-launch/gst-inspect and the elements pipelines/ and the tests use
   gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good
