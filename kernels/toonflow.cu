@@ -159,8 +159,23 @@ __device__ __forceinline__ void tf_st2(tf_store* __restrict__ p, long i, float2 
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(v.y));
     reinterpret_cast<unsigned int*>(p)[i] = (unsigned int)lo | ((unsigned int)hi << 16);
 }
+// Elements i .. i + 3 (i a multiple of 4) in one 8-byte store.
+__device__ __forceinline__ void tf_st4(tf_store* __restrict__ p, long i, float a, float b, float c, float d)
+{
+    unsigned short h[4];
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h[0]) : "f"(a));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h[1]) : "f"(b));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h[2]) : "f"(c));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h[3]) : "f"(d));
+    reinterpret_cast<uint2*>(p)[i / 4] = make_uint2((unsigned int)h[0] | ((unsigned int)h[1] << 16),
+                                                    (unsigned int)h[2] | ((unsigned int)h[3] << 16));
+}
 #else
 typedef float tf_store;
+__device__ __forceinline__ void tf_st4(tf_store* __restrict__ p, long i, float a, float b, float c, float d)
+{
+    reinterpret_cast<float4*>(p)[i / 4] = make_float4(a, b, c, d);
+}
 __device__ __forceinline__ float tf_ld(const tf_store* __restrict__ p, long i) { return p[i]; }
 __device__ __forceinline__ void tf_st(tf_store* __restrict__ p, long i, float v) { p[i] = v; }
 __device__ __forceinline__ float2 tf_ld2(const tf_store* __restrict__ p, long i)
@@ -169,7 +184,42 @@ __device__ __forceinline__ float2 tf_ld2(const tf_store* __restrict__ p, long i)
 }
 __device__ __forceinline__ void tf_st2(tf_store* __restrict__ p, long i, float2 v) { reinterpret_cast<float2*>(p)[i] = v; }
 #endif
-// tf_ld2/tf_st2 need the pair aligned to its size: the planned chroma planes start on ALIGN.
+// tf_ld2/tf_st2 need the pair aligned to its size, tf_st4 i a multiple of 4: the planned planes
+// start on ALIGN.
+
+#if TF_BIL_COLS != 4
+#error "tf_st_cols stores the x pass's outputs in fours"
+#endif
+// A thread's 4 consecutive outputs v[0..4) of a plane row at elements idx.. (x: the first one's
+// column, n: the row's length; the caller's x < n): one vector store when the row holds all four
+// and idx is a multiple of 4 (the whole row's stores then coalesce), else one by one.
+__device__ __forceinline__ void tf_st_cols(tf_store* __restrict__ p, long idx, int x, int n, const float v[4])
+{
+    if (x + 4 <= n && (idx & 3) == 0) {
+        tf_st4(p, idx, v[0], v[1], v[2], v[3]);
+    } else {
+        for (int q = 0; q < 4 && x + q < n; ++q) tf_st(p, idx + q, v[q]);
+    }
+}
+// The same for pairs (a chroma row, pair index idx).
+__device__ __forceinline__ void tf_st_cols(tf_store* __restrict__ p, long idx, int x, int n, const float2 v[4])
+{
+    if (x + 4 <= n && (idx & 1) == 0) {
+        tf_st4(p, 2 * idx, v[0].x, v[0].y, v[1].x, v[1].y);
+        tf_st4(p, 2 * idx + 4, v[2].x, v[2].y, v[3].x, v[3].y);
+    } else {
+        for (int q = 0; q < 4 && x + q < n; ++q) tf_st2(p, idx + q, v[q]);
+    }
+}
+// The same for a float plane (the DoG intermediates).
+__device__ __forceinline__ void tf_st_cols_f32(float* __restrict__ p, long idx, int x, int n, const float v[4])
+{
+    if (x + 4 <= n && (idx & 3) == 0) {
+        reinterpret_cast<float4*>(p)[idx / 4] = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+        for (int q = 0; q < 4 && x + q < n; ++q) p[idx + q] = v[q];
+    }
+}
 
 // TfControl (host -> device every frame), TfState (scene detector memory and ring cursor) and
 // TfFrame (per-frame decisions, copied back to the host) come with the generated ABI.
@@ -665,11 +715,10 @@ __device__ __forceinline__ void tf_fill_tap_tables(const ToonParams* __restrict_
 }
 
 // The DoG x pass: both Gaussians of the luma taps s[j] (j = -R .. R, R = RF when RF >= 0, else
-// r), each scaled by its inv (1 / (weight sum * the taps' unit)), into dog1/dog2 at idx.
+// r), each scaled by its inv (1 / (weight sum * the taps' unit)), into d1 and d2.
 template <int RF>
-__device__ __forceinline__ void tf_dog_x_store(const float* s, const float* __restrict__ g1, const float* __restrict__ g2,
-                                               float inv1, float inv2, int r, long idx, float* __restrict__ dog1,
-                                               float* __restrict__ dog2)
+__device__ __forceinline__ void tf_dog_x_sums(const float* s, const float* __restrict__ g1, const float* __restrict__ g2,
+                                              float inv1, float inv2, int r, float& d1, float& d2)
 {
     const int R = RF >= 0 ? RF : r;
     float a1 = 0.0f, a2 = 0.0f;
@@ -679,8 +728,22 @@ __device__ __forceinline__ void tf_dog_x_store(const float* s, const float* __re
         a1 = tf_mad(g1[m], s[j], a1);
         a2 = tf_mad(g2[m], s[j], a2);
     }
-    dog1[idx] = a1 * inv1;
-    dog2[idx] = a2 * inv2;
+    d1 = a1 * inv1;
+    d2 = a2 * inv2;
+}
+
+// A thread's TF_BIL_COLS DoG x outputs from the taps first[q + j] (j = -R .. R) into dog1/dog2 at
+// idx.. (x, W as for tf_st_cols).
+template <int RF>
+__device__ __forceinline__ void tf_dog_x_cols(const float* first, const float* __restrict__ g1,
+                                              const float* __restrict__ g2, float inv1, float inv2, int r, long idx,
+                                              int x, int W, float* __restrict__ dog1, float* __restrict__ dog2)
+{
+    float d1[TF_BIL_COLS], d2[TF_BIL_COLS];
+#pragma unroll
+    for (int q = 0; q < TF_BIL_COLS; ++q) tf_dog_x_sums<RF>(first + q, g1, g2, inv1, inv2, r, d1[q], d2[q]);
+    tf_st_cols_f32(dog1, idx, x, W, d1);
+    tf_st_cols_f32(dog2, idx, x, W, d2);
 }
 
 // 1 / (sum of g over j = -r .. r, in the CPU's order) / unit.
@@ -800,21 +863,25 @@ extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_
                 inv1 = tf_gauss_inv(g1, TF_EDGE_R, unit);
                 inv2 = tf_gauss_inv(g2, TF_EDGE_R, unit);
             }
+            float lo[TF_BIL_COLS], d1[TF_BIL_COLS], d2[TF_BIL_COLS];
             tf_strip<TF_LUMA_R, TF_BIL_COLS>(first, 1, r, tab[0], w0, unit, [&](int q, float v, const float* c) {
-                if (x + q >= W) return;
-                tf_st(Lo, idx + q, v);
-                if (dog) tf_dog_x_store<TF_EDGE_R>(c, g1, g2, inv1, inv2, er, idx + q, dog1, dog2);
+                lo[q] = v;
+                if (dog) tf_dog_x_sums<TF_EDGE_R>(c, g1, g2, inv1, inv2, er, d1[q], d2[q]);
             });
+            tf_st_cols(Lo, idx, x, W, lo);
+            if (dog) {
+                tf_st_cols_f32(dog1, idx, x, W, d1);
+                tf_st_cols_f32(dog2, idx, x, W, d2);
+            }
         } else {
-            tf_strip<-1, TF_BIL_COLS>(first, 1, r, tab[0], w0, unit, [&](int q, float v, const float*) {
-                if (x + q < W) tf_st(Lo, idx + q, v);
-            });
+            float lo[TF_BIL_COLS];
+            tf_strip<-1, TF_BIL_COLS>(first, 1, r, tab[0], w0, unit, [&](int q, float v, const float*) { lo[q] = v; });
+            tf_st_cols(Lo, idx, x, W, lo);
             if (dog) {
                 const float inv1 = tf_gauss_inv(p->edge_gauss1, er, unit);
                 const float inv2 = tf_gauss_inv(p->edge_gauss2, er, unit);
-                for (int q = 0; q < TF_BIL_COLS && x + q < W; ++q)
-                    tf_dog_x_store<-1>(&row[c0 + q + halo], p->edge_gauss1, p->edge_gauss2, inv1, inv2, er, idx + q,
-                                       dog1, dog2);
+                tf_dog_x_cols<-1>(&row[c0 + halo], p->edge_gauss1, p->edge_gauss2, inv1, inv2, er, idx, x, W, dog1,
+                                  dog2);
             }
         }
     } else {
@@ -829,15 +896,15 @@ extern "C" __global__ void __launch_bounds__(TF_BIL_BX * TF_BIL_BY, TF_BILX_MIN_
         if (x >= cw || y >= ch) return;
         const long idx = (long)y * cw + x;
         const float w0 = p->chroma_spatial[0];
-        const auto out = [&](int q, float2 v, const float2*) {
-            if (x + q < cw) tf_st2(UVo, idx + q, v);
-        };
+        float2 uv[TF_BIL_COLS];
+        const auto out = [&](int q, float2 v, const float2*) { uv[q] = v; };
         const float2* first = &row[c0];
         if (r == TF_CHROMA_R) {
             tf_strip<TF_CHROMA_R, TF_BIL_COLS>(first, 1, r, tab[1], w0, cunit, out);
         } else {
             tf_strip<-1, TF_BIL_COLS>(first, 1, r, tab[1], w0, cunit, out);
         }
+        tf_st_cols(UVo, idx, x, cw, uv);
     }
 }
 
@@ -937,9 +1004,8 @@ extern "C" __global__ void tf_dog_x(const ToonParams* __restrict__ p, const tf_s
     if (x >= W || y >= H) return;
     const float inv1 = tf_gauss_inv(p->edge_gauss1, er, 1.0f);
     const float inv2 = tf_gauss_inv(p->edge_gauss2, er, 1.0f);
-    for (int q = 0; q < TF_BIL_COLS && x + q < W; ++q)
-        tf_dog_x_store<-1>(&sl[ty][c0 + q + er], p->edge_gauss1, p->edge_gauss2, inv1, inv2, er, (long)y * W + x + q,
-                           dog1, dog2);
+    tf_dog_x_cols<-1>(&sl[ty][c0 + er], p->edge_gauss1, p->edge_gauss2, inv1, inv2, er, (long)y * W + x, x, W, dog1,
+                      dog2);
 }
 
 // ---------------------------------------------------------------------------------------------
