@@ -54,6 +54,7 @@ fn gpu_here() -> bool {
 
 #[test]
 fn templates_carry_cuda_and_system_memory() {
+    let _device = DEVICE.read();
     init();
     let factory = gst::ElementFactory::find("toonflow").unwrap();
     for template in factory.static_pad_templates() {
@@ -78,6 +79,7 @@ fn templates_carry_cuda_and_system_memory() {
 /// backend=cpu.
 #[test]
 fn cuda_caps_are_offered_only_with_a_gpu() {
+    let _device = DEVICE.read();
     init();
     for backend in ["auto", "cpu"] {
         let el = gst::ElementFactory::make("toonflow")
@@ -155,6 +157,7 @@ fn run_to_eos(desc: &str) -> (Vec<Nv12>, gst::Structure, [gst::Caps; 2]) {
 
 #[test]
 fn system_memory_neighbours_keep_system_memory() {
+    let _device = DEVICE.read();
     init();
     // A source of system memory and sinks that take system memory only, or anything.
     for sink in [
@@ -229,6 +232,7 @@ fn decode(clip: &std::path::Path) -> String {
 /// system memory is on a pad, and CUDA memory wins when both neighbours take it.
 #[test]
 fn nvh264dec_frames_match_the_system_memory_path() {
+    let _device = DEVICE.read();
     if !gpu_or_skip(&["nvh264dec", "cudadownload"]) {
         return;
     }
@@ -352,6 +356,7 @@ fn play_and_ask(clip: &std::path::Path, app_context: Option<&gst::Context>) -> V
 
 #[test]
 fn one_cuda_context_in_the_pipeline() {
+    let _device = DEVICE.read();
     if !gpu_or_skip(&["nvh264dec", "cudadownload"]) {
         return;
     }
@@ -381,6 +386,11 @@ fn one_cuda_context_in_the_pipeline() {
     );
 }
 
+/// The tests of this file share one device, and the flat-memory test reads how much of it is
+/// free: the others take this lock shared (they may run together), that one alone, so no other
+/// test's contexts, pools or arenas come and go while it measures.
+static DEVICE: parking_lot::RwLock<()> = parking_lot::RwLock::new(());
+
 fn device_free() -> u64 {
     let ctx = gsttoonflow::cuda::context::context(0).unwrap();
     gsttoonflow::cuda::context::memory_info(&ctx).unwrap().0
@@ -390,6 +400,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 #[test]
 fn state_cycles_and_renegotiation_keep_device_memory_flat() {
+    let _device = DEVICE.write();
     if !gpu_or_skip(&["cudaupload", "cudadownload"]) {
         return;
     }
@@ -482,6 +493,7 @@ fn state_cycles_and_renegotiation_keep_device_memory_flat() {
 /// the frames after the seek are the frames of a fresh start.
 #[test]
 fn a_flush_mid_stream_restarts_cleanly() {
+    let _device = DEVICE.read();
     if !gpu_or_skip(&["nvh264dec", "cudadownload"]) {
         return;
     }
@@ -542,6 +554,7 @@ fn a_flush_mid_stream_restarts_cleanly() {
 /// 1080p per-frame time of the element with CUDA memory in and out, against system memory.
 #[test]
 fn speed_1080p_with_cuda_memory_in_and_out() {
+    let _device = DEVICE.read();
     if !gpu_or_skip(&["cudaupload"]) {
         return;
     }
@@ -597,6 +610,7 @@ fn speed_1080p_with_cuda_memory_in_and_out() {
 /// statistics show no upload, and no download where NVENC encodes.
 #[test]
 fn nvcodec_script_restyles_a_clip() {
+    let _device = DEVICE.read();
     if !gpu_or_skip(&["nvh264dec", "cudadownload"]) {
         return;
     }
