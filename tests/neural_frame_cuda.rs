@@ -423,12 +423,17 @@ fn the_element_takes_and_gives_cuda_memory_with_the_frames_of_system_memory() {
         for (desc, cuda_in, cuda_out) in &cases {
             let (out, stats, negotiated) = run_pipeline(desc);
             let bytes = ["upload-bytes", "download-bytes"].map(|k| stats.get::<u64>(k).unwrap());
+            let times =
+                ["upload-time-us", "download-time-us"].map(|k| stats.get::<f64>(k).unwrap());
             println!(
                 "scale {scale}, CUDA memory in {cuda_in} out {cuda_out}: {} frames, \
-                 upload-bytes {}, download-bytes {}, gpu-time-us {:.1}, p50-us {:.1}",
+                 upload-bytes {}, download-bytes {}, upload-time-us {:.1}, \
+                 download-time-us {:.1}, gpu-time-us {:.1}, p50-us {:.1}",
                 out.len(),
                 bytes[0],
                 bytes[1],
+                times[0],
+                times[1],
                 stats.get::<f64>("gpu-time-us").unwrap(),
                 stats.get::<f64>("p50-us").unwrap(),
             );
@@ -436,6 +441,12 @@ fn the_element_takes_and_gives_cuda_memory_with_the_frames_of_system_memory() {
             assert_eq!(negotiated, [*cuda_in, *cuda_out], "{desc}: caps");
             let want = |cuda: bool| if cuda { 0 } else { frame_bytes };
             assert_eq!(bytes, [want(*cuda_in), want(*cuda_out)], "{desc}");
+            // A PCIe copy is timed; a side in device memory has none (its copy is a device copy).
+            assert_eq!(
+                times.map(|t| t > 0.0),
+                [!cuda_in, !cuda_out],
+                "{desc}: {times:?}"
+            );
             assert_eq!(out.len(), frames, "{desc}");
             match &reference {
                 None => reference = Some(out),

@@ -174,7 +174,7 @@ impl NeuralCuda {
 
     /// The last frame's figures; on the device frame path the NV12 planes are what crossed
     /// PCIe each way, nothing for a side in device memory (the host path's f32 tensors are
-    /// not counted).
+    /// not counted), whose copy is a device copy, not a transfer.
     pub fn gpu_stats(&self) -> GpuFrameStats {
         let mut stats = self
             .gpu
@@ -183,6 +183,15 @@ impl NeuralCuda {
             .unwrap_or_default();
         if let Some(frames) = &self.frames {
             (stats.upload_bytes, stats.download_bytes) = frames.transferred_bytes();
+            for (bytes, time) in [
+                (stats.upload_bytes, &mut stats.upload_time_us),
+                (stats.download_bytes, &mut stats.download_time_us),
+            ] {
+                if bytes == 0 {
+                    stats.device_copy_time_us += std::mem::take(time);
+                }
+            }
+            stats.transfer_time_us = stats.upload_time_us + stats.download_time_us;
         }
         stats
     }

@@ -203,7 +203,8 @@ pub struct NeuralGpu {
     arena: DeviceBlock,
     statics: DeviceBlock,
     host_control: Box<NnControl>,
-    events: [CudaEvent; 2],
+    /// Before the upload, after it, after the launches, after the download.
+    events: [CudaEvent; 4],
     stream: Arc<CudaStream>,
     kernels: Arc<NeuralKernels>,
     ctx: Arc<CudaContext>,
@@ -264,7 +265,7 @@ impl NeuralGpu {
                 ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
                     .map_err(driver("cuEventCreate"))
             };
-            Ok((stream, [ev()?, ev()?]))
+            Ok((stream, [ev()?, ev()?, ev()?, ev()?]))
         })?;
         let arena = allocate(
             &ctx,
@@ -421,6 +422,15 @@ impl NeuralGpu {
     }
 
     fn download_output(&mut self, output: &mut Tensor<f32>) -> Result<(), CudaError> {
+        self.queue_output_download(output)?;
+        self.stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// Queues the copy of the network's output into `output`, which must not be read before
+    /// the stream is synchronised.
+    fn queue_output_download(&mut self, output: &mut Tensor<f32>) -> Result<(), CudaError> {
         let p = self.program.output;
         if output.data.len() as u64 != p.elements || p.half {
             return Err(CudaError::Failed(format!(
@@ -438,11 +448,8 @@ impl NeuralGpu {
                 output.data.as_mut_ptr() as *mut u8,
                 output.data.len() * 4,
             )
-            .map_err(driver("output download"))?;
+            .map_err(driver("output download"))
         }
-        self.stream
-            .synchronize()
-            .map_err(driver("cuStreamSynchronize"))
     }
 
     /// Runs one frame: `input` (the network's input tensor, f32) up, the launches (eager,
@@ -453,7 +460,7 @@ impl NeuralGpu {
                 output,
                 |gpu, _| gpu.upload_input(input),
                 |gpu, _| gpu.run_launches_keyed(0, None),
-                |gpu, output| gpu.download_output(output),
+                |gpu, output| gpu.queue_output_download(output),
             )
         })
     }
@@ -470,18 +477,15 @@ impl NeuralGpu {
                     io.upload(&gpu.stream)
                 },
                 |gpu, io| gpu.run_launches_keyed(1, Some(&*io)),
-                |gpu, io| {
-                    io.download(&gpu.stream)?;
-                    gpu.synchronize()
-                },
+                |gpu, io| io.download(&gpu.stream),
             )?;
             self.stats.launches += io.launches();
             Ok(())
         })
     }
 
-    /// One frame: `up`, the launches between two events (`launches` says whether a graph
-    /// ran), `down` (which synchronises), each with `with`; the frame's figures.
+    /// One frame: `up`, the launches (`launches` says whether a graph ran), `down`, each with
+    /// `with` and between events, then one synchronisation; the frame's figures.
     fn timed_frame<W: ?Sized>(
         &mut self,
         with: &mut W,
@@ -493,22 +497,24 @@ impl NeuralGpu {
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
+        self.record_event(0)?;
         up(self, with)?;
-        self.events[0]
-            .record(&self.stream)
-            .map_err(driver("cuEventRecord"))?;
+        self.record_event(1)?;
         let replayed = launches(self, with)?;
-        self.events[1]
-            .record(&self.stream)
-            .map_err(driver("cuEventRecord"))?;
+        self.record_event(2)?;
         down(self, with)?;
+        self.record_event(3)?;
+        self.synchronize()?;
         self.reset_pending = false;
-        let gpu = self.events[0]
-            .elapsed_ms(&self.events[1])
-            .map(|v| v as f64 * 1e3)
-            .unwrap_or(0.0);
+        let us =
+            |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map(|v| v as f64 * 1e3).unwrap_or(0.0);
+        let [e0, e1, e2, e3] = &self.events;
+        let (upload, gpu, download) = (us(e0, e1), us(e1, e2), us(e2, e3));
         self.stats = GpuFrameStats {
             gpu_time_us: gpu,
+            transfer_time_us: upload + download,
+            upload_time_us: upload,
+            download_time_us: download,
             launches: self.launches_per_frame(),
             graph_replayed: replayed,
             arena_bytes: self.device_bytes(),
@@ -517,6 +523,12 @@ impl NeuralGpu {
             ..GpuFrameStats::default()
         };
         Ok(())
+    }
+
+    fn record_event(&self, index: usize) -> Result<(), CudaError> {
+        self.events[index]
+            .record(&self.stream)
+            .map_err(driver("cuEventRecord"))
     }
 
     /// The context the network lives in (a frame path allocates there).
