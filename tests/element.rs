@@ -356,7 +356,9 @@ fn frames_the_sink_reports_late_are_dropped_counted_and_announced() {
         assert_eq!(push(&mut harness, i), Ok(gst::FlowSuccess::Ok), "frame {i}");
     }
     // frames at 100..=400 ms are late (4), 500..=900 ms on time (5), plus the first one
-    let mut out_pts = Vec::new();
+    let mut out_pts: Vec<u64> = (0..6)
+        .map(|_| pull_output(&mut harness).pts().unwrap().mseconds())
+        .collect();
     while let Some(b) = harness.try_pull() {
         out_pts.push(b.pts().unwrap().mseconds());
     }

@@ -32,7 +32,7 @@ const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4
 rawvideoparse-only,appsrc-pinned,\
 appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,nvh264dec-only,\
 nvh264dec-cudadownload-only,nvh264dec-cuda-only,density,host-copies] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
-[--reps N] [--json FILE] [--model PATH.onnx] [--model-scale S]";
+[--reps N] [--json FILE] [--model PATH.onnx] [--model-scale S] [--overlap off,on]";
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -47,6 +47,9 @@ struct Options {
     model: Option<PathBuf>,
     /// model-scale of the neural rows (the element's default when `None`).
     model_scale: Option<f64>,
+    /// The real-pipeline modes run once per value: `overlap=false`/`true`, or the element's
+    /// default (`None`).
+    overlap: Vec<Option<bool>>,
 }
 
 fn parse_size(s: &str) -> Result<(usize, usize, String), String> {
@@ -83,6 +86,7 @@ fn parse_args() -> Result<Options, String> {
         json: None,
         model: None,
         model_scale: None,
+        overlap: vec![None],
     };
     let (mut sizes_given, mut modes_given) = (false, false);
     let mut args = std::env::args().skip(1);
@@ -121,6 +125,17 @@ fn parse_args() -> Result<Options, String> {
                 )
             }
             "--precisions" => o.precisions = list(args.next())?,
+            "--overlap" => {
+                o.overlap = list(args.next())?
+                    .iter()
+                    .map(|v| match v.as_str() {
+                        "on" | "true" => Ok(Some(true)),
+                        "off" | "false" => Ok(Some(false)),
+                        "default" => Ok(None),
+                        other => Err(format!("--overlap on,off,default: not {other}")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             "--frames" => {
                 o.frames = args
                     .next()
@@ -426,6 +441,29 @@ fn real_rows(
         println!("{label:<10} {mode:<11} skipped: no pinned frames");
         return;
     };
+    for overlap in &opts.overlap {
+        let props = match overlap {
+            Some(on) => format!("{toonflow_props} overlap={on}"),
+            None => toonflow_props.to_string(),
+        };
+        let inputs = (frames, pinned.as_slice(), props.as_str());
+        real_mode_rows(mode, w, h, label, opts, inputs, *overlap, rows);
+    }
+}
+
+/// The rows of one real-pipeline mode with these toonflow properties.
+#[allow(clippy::too_many_arguments)]
+fn real_mode_rows(
+    mode: &str,
+    w: usize,
+    h: usize,
+    label: &str,
+    opts: &Options,
+    inputs: (&[gst::Buffer], &[gst::Buffer], &str),
+    overlap: Option<bool>,
+    rows: &mut Vec<String>,
+) {
+    let (frames, pinned, toonflow_props) = inputs;
     let precision = opts.precisions.first().map_or("fp16", |p| p.as_str());
     let measured = (0..opts.reps.max(1))
         .map(|_| {
@@ -459,19 +497,26 @@ fn real_rows(
             pick(|m| m.gpu_us),
         );
         let n = runs[0][i].instances;
-        let name = if mode == "density" {
+        let mut name = if mode == "density" {
             format!("density-{n}")
         } else {
             mode.to_string()
         };
+        let overlap_json = match overlap {
+            Some(on) => {
+                name += if on { " overlap=on" } else { " overlap=off" };
+                on.to_string()
+            }
+            None => "null".to_string(),
+        };
         println!(
-            "{label:<10} {name:<22} {precision:<5} {:>10} fps  p50 {p50:>6.0} µs  p99 {p99:>6.0} µs  \
+            "{label:<10} {name:<30} {precision:<5} {:>10} fps  p50 {p50:>6.0} µs  p99 {p99:>6.0} µs  \
              upload {up:>6.1} µs  download {down:>6.1} µs  gpu {gpu:>6.1} µs",
             fps_text(fps)
         );
         rows.push(format!(
             "{{\"model\":null,\"size\":\"{}\",\"width\":{w},\"height\":{h},\"mode\":\"{}\",\"precision\":\"{}\",\
-             \"instances\":{n},\"fps_median\":{fps:.3},\"fps_runs\":[{}],\"latency_p50_us\":{p50:.1},\"latency_p99_us\":{p99:.1},\
+             \"instances\":{n},\"overlap\":{overlap_json},\"fps_median\":{fps:.3},\"fps_runs\":[{}],\"latency_p50_us\":{p50:.1},\"latency_p99_us\":{p99:.1},\
              \"upload_us\":{up:.1},\"download_us\":{down:.1},\"gpu_time_us\":{gpu:.2},\"frames_per_run\":{},\"runs\":{}}}",
             json_escape(label),
             json_escape(&name),
