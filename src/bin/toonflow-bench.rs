@@ -32,7 +32,7 @@ const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4
 rawvideoparse-only,appsrc-pinned,\
 appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,nvh264dec-only,\
 nvh264dec-cudadownload-only,nvh264dec-cuda-only,density,host-copies] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
-[--reps N] [--json FILE] [--model PATH.onnx] [--model-scale S] [--overlap off,on]";
+[--reps N] [--json FILE] [--model PATH.onnx] [--model-scale S] [--overlap off,on] [--pace FPS]";
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -50,6 +50,8 @@ struct Options {
     /// The real-pipeline modes run once per value: `overlap=false`/`true`, or the element's
     /// default (`None`).
     overlap: Vec<Option<bool>>,
+    /// The appsrc modes push at this rate (a live source) instead of as fast as they can.
+    pace: Option<f64>,
 }
 
 fn parse_size(s: &str) -> Result<(usize, usize, String), String> {
@@ -87,6 +89,7 @@ fn parse_args() -> Result<Options, String> {
         model: None,
         model_scale: None,
         overlap: vec![None],
+        pace: None,
     };
     let (mut sizes_given, mut modes_given) = (false, false);
     let mut args = std::env::args().skip(1);
@@ -125,6 +128,14 @@ fn parse_args() -> Result<Options, String> {
                 )
             }
             "--precisions" => o.precisions = list(args.next())?,
+            "--pace" => {
+                o.pace = Some(
+                    args.next()
+                        .and_then(|v| v.parse().ok())
+                        .filter(|&v: &f64| v > 0.0)
+                        .ok_or("--pace FPS")?,
+                )
+            }
             "--overlap" => {
                 o.overlap = list(args.next())?
                     .iter()
@@ -477,6 +488,7 @@ fn real_mode_rows(
                 toonflow_props,
                 opts.frames,
                 Duration::from_secs(300),
+                opts.pace,
             )
         })
         .collect::<Result<Vec<_>, _>>();
@@ -502,6 +514,13 @@ fn real_mode_rows(
         } else {
             mode.to_string()
         };
+        let paced = opts
+            .pace
+            .filter(|_| mode.starts_with("appsrc") || mode == "density");
+        if let Some(fps) = paced {
+            name += &format!(" paced={fps}");
+        }
+        let pace_json = paced.map_or("null".to_string(), |f| format!("{f}"));
         let overlap_json = match overlap {
             Some(on) => {
                 name += if on { " overlap=on" } else { " overlap=off" };
@@ -516,7 +535,7 @@ fn real_mode_rows(
         );
         rows.push(format!(
             "{{\"model\":null,\"size\":\"{}\",\"width\":{w},\"height\":{h},\"mode\":\"{}\",\"precision\":\"{}\",\
-             \"instances\":{n},\"overlap\":{overlap_json},\"fps_median\":{fps:.3},\"fps_runs\":[{}],\"latency_p50_us\":{p50:.1},\"latency_p99_us\":{p99:.1},\
+             \"instances\":{n},\"overlap\":{overlap_json},\"pace_fps\":{pace_json},\"fps_median\":{fps:.3},\"fps_runs\":[{}],\"latency_p50_us\":{p50:.1},\"latency_p99_us\":{p99:.1},\
              \"upload_us\":{up:.1},\"download_us\":{down:.1},\"gpu_time_us\":{gpu:.2},\"frames_per_run\":{},\"runs\":{}}}",
             json_escape(label),
             json_escape(&name),
