@@ -228,11 +228,10 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    /// A pusher whose items are (sequence, completion instant); pushed ones go to the channel.
-    fn pusher(
-        max: usize,
-        fail_at: Option<u32>,
-    ) -> (Pusher<(u32, Instant)>, mpsc::Receiver<(u32, Disposal)>) {
+    type Handled = mpsc::Receiver<(u32, Disposal)>;
+
+    /// A pusher whose items are (sequence, completion instant); handled ones go to the channel.
+    fn pusher(max: usize, fail_at: Option<u32>) -> (Pusher<(u32, Instant)>, Handled) {
         let (tx, rx) = mpsc::channel();
         let p = Pusher::new("test-pusher", max, move |(n, at): (u32, Instant), d| {
             Completion::At(at).wait().unwrap();
