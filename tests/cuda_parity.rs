@@ -350,3 +350,28 @@ fn the_overlap_path_equals_the_synchronous_path() {
     );
     assert!(st.graph_replayed);
 }
+
+/// A shape change with frames in flight on the overlap path (a property changed while playing)
+/// finishes them first and still hands out every frame's report: none goes uncounted.
+#[test]
+fn a_shape_change_keeps_the_reports_of_frames_in_flight() {
+    let Some(_) = cuda_or_skip() else { return };
+    let (w, h) = (320, 180);
+    let clip = moving_clip(w, h);
+    let p = params(w, h);
+    let mut over = gpu(w, h, Precision::Fp16, true);
+    let mut got: Vec<Frame> = clip.iter().take(8).map(|_| Frame::new(w, h)).collect();
+    let mut reports = 0;
+    for (i, (f, out)) in clip.iter().zip(got.iter_mut()).enumerate() {
+        if i == 5 {
+            // Frames 3 and 4 may still be in flight here.
+            over.set_shape(shape(w, h, Precision::Fp32)).unwrap();
+        }
+        // SAFETY: `clip` and `got` outlive every frame in flight (harvested below).
+        let q = unsafe { over.submit_host(&p, &f.view(), &mut out.view_mut()) }.unwrap();
+        reports += q.finished.len();
+    }
+    reports += over.harvest(true).unwrap().len();
+    assert_eq!(reports, 8, "a report for every frame");
+    assert_eq!(over.in_flight(), 0);
+}

@@ -315,6 +315,9 @@ pub struct CudaPipeline {
     // Field order is drop order: the overlap path's landing slot and events first (`Drop`
     // synchronises its frames in flight), graphs before the arena their kernels address.
     overlap: Option<Overlap>,
+    /// Overlap frames completed by a shape change (`finish_in_flight`) before anyone read them:
+    /// handed out first by the next `submit_host` or `harvest`, so none goes uncounted.
+    finished_early: Vec<(FrameReport, GpuFrameStats)>,
     cache: GraphCache<GraphKey, OwnedGraph>,
     /// `None` only after a shape change failed to allocate: frames are refused until a
     /// [`CudaPipeline::set_shape`] succeeds.
@@ -410,6 +413,7 @@ impl CudaPipeline {
         })?;
         let mut p = CudaPipeline {
             overlap: None,
+            finished_early: Vec::new(),
             cache: GraphCache::new(GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES),
             arena: None,
             host,
@@ -597,20 +601,28 @@ impl CudaPipeline {
 
     /// Frames queued on the overlap path whose completion has not been seen yet.
     pub fn in_flight(&self) -> usize {
-        self.overlap.as_ref().map_or(0, |o| o.ring.in_flight())
+        self.overlap.as_ref().map_or(0, |o| o.ring.in_flight()) + self.finished_early.len()
     }
 
-    /// Waits for the overlap path's frames in flight and forgets them (their figures are not
-    /// read): before the buffers they address are reused or freed.
+    /// Waits for the overlap path's frames in flight, before the buffers they address are
+    /// reused or freed, and keeps their reports and figures for the next `submit_host` or
+    /// `harvest` (a property that changes the shape while playing).
     fn finish_in_flight(&mut self) {
-        if let Some(ov) = &mut self.overlap
-            && ov.ring.in_flight() > 0
-        {
+        let Some(mut ov) = self.overlap.take() else {
+            return;
+        };
+        if ov.ring.in_flight() > 0 {
             let _ = self.ctx.bind_to_thread();
             let _ = self.stream.synchronize();
             let _ = ov.copy.synchronize();
+            match self.harvest_from(&mut ov, true) {
+                Ok(done) => self.finished_early.extend(done),
+                Err(_) => ov.ring.clear(),
+            }
+            // Every frame's work is over (both streams synchronised): none is left.
             ov.ring.clear();
         }
+        self.overlap = Some(ov);
     }
 
     /// The overlap path (issue 12): queues a host frame and returns without waiting for it.
@@ -682,7 +694,8 @@ impl CudaPipeline {
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
-        let mut finished = self.harvest_from(ov, false)?;
+        let mut finished = std::mem::take(&mut self.finished_early);
+        finished.extend(self.harvest_from(ov, false)?);
         if ov.ring.next_free().is_none() {
             finished.extend(self.harvest_from(ov, true)?);
         }
@@ -777,10 +790,11 @@ impl CudaPipeline {
     /// Reads the analysis report and figures of the overlap path's frames that are complete,
     /// oldest first; with `wait`, waits for all frames in flight first.
     pub fn harvest(&mut self, wait: bool) -> Result<Vec<(FrameReport, GpuFrameStats)>, CudaError> {
+        let early = std::mem::take(&mut self.finished_early);
         let Some(mut ov) = self.overlap.take() else {
-            return Ok(Vec::new());
+            return Ok(early);
         };
-        let mut r = Ok(Vec::new());
+        let mut r = Ok(early);
         while let Ok(v) = &mut r {
             let more = self.harvest_from(&mut ov, wait);
             match more {
