@@ -197,7 +197,8 @@ fn measure(
 }
 
 /// The application thread of a `Feed::Push` pipeline; stops at the first refused push. With
-/// `pace`, frame i is pushed no earlier than i / pace seconds after the first.
+/// `pace`, frames are pushed 1 / pace seconds apart, as a live source would; a push that comes
+/// back late moves the schedule on (no burst to catch up).
 fn push_frames(
     src: &gst::Element,
     frames: &[gst::Buffer],
@@ -206,14 +207,16 @@ fn push_frames(
     total: usize,
 ) {
     let frame_duration = gst::ClockTime::from_nseconds(33_333_333);
-    let start = Instant::now();
+    let mut due = Instant::now();
     for i in 0..total {
         if let Some(fps) = pace {
-            let due = start + Duration::from_secs_f64(i as f64 / fps);
             let now = Instant::now();
             if due > now {
                 std::thread::sleep(due - now);
+            } else {
+                due = now;
             }
+            due += Duration::from_secs_f64(1.0 / fps);
         }
         let template = &frames[i % frames.len()];
         let mut b = if fresh {
