@@ -7,7 +7,9 @@
 //! The real-pipeline modes (real.rs: videotestsrc, rawvideoparse, appsrc-pinned/-pageable/-fresh,
 //! nvh264dec, nvh264dec-cudadownload, nvh264dec-cuda, density, host-copies) feed the CUDA element
 //! the way real upstream elements do and time it at its own pads (issue 12); the `-only` modes
-//! time the source or decoder alone.
+//! time the source or decoder alone. `--overlap off,on` runs each of them with the element's
+//! `overlap` off and on, side by side; `--pace FPS` makes the appsrc modes push at a live
+//! source's rate (latency below the element's capacity).
 //!
 //! `--model PATH` benchmarks the neural stage instead: the same frames through `toonflow
 //! model=PATH` on the CPU reference (`cpu`: a few frames, it is slow) and on CUDA
