@@ -45,6 +45,7 @@ fn every_property_is_documented_with_its_default() {
         ("temporal-strength", 0.6f32.to_value()),
         ("device-id", 0u32.to_value()),
         ("cuda-graph", true.to_value()),
+        ("overlap", false.to_value()),
         ("max-device-memory", 0u64.to_value()),
         ("stats-interval", 0u32.to_value()),
     ];
@@ -356,7 +357,9 @@ fn frames_the_sink_reports_late_are_dropped_counted_and_announced() {
         assert_eq!(push(&mut harness, i), Ok(gst::FlowSuccess::Ok), "frame {i}");
     }
     // frames at 100..=400 ms are late (4), 500..=900 ms on time (5), plus the first one
-    let mut out_pts = Vec::new();
+    let mut out_pts: Vec<u64> = (0..6)
+        .map(|_| pull_output(&mut harness).pts().unwrap().mseconds())
+        .collect();
     while let Some(b) = harness.try_pull() {
         out_pts.push(b.pts().unwrap().mseconds());
     }

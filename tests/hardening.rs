@@ -171,7 +171,7 @@ fn strides_and_plane_offsets_from_video_meta_are_honoured() {
     .unwrap();
     let mut h = element_harness(w, hh);
     h.push(buffer).unwrap();
-    let out = h.try_pull().unwrap();
+    let out = pull_output(&mut h);
     let out = Nv12::from_buffer(&out, &nv12_caps(w, hh));
     assert_eq!(out.data, reference.data);
 }
@@ -340,7 +340,7 @@ fn soak_memory_and_frame_time_stay_flat() {
     for i in 0..frames {
         let t0 = std::time::Instant::now();
         h.push(inputs[i % inputs.len()].clone()).unwrap();
-        let _ = h.try_pull().unwrap();
+        let _ = pull_output(&mut h);
         times.push(t0.elapsed().as_secs_f64());
         if i == window {
             rss_early = rss_kib();

@@ -3,7 +3,7 @@
 #   here:   tools/h200.sh --pack        builds .gpu/ (tools/gpu-bundle.sh: plugin, tests, bench,
 #                                       GStreamer runtime, frei0r's cartoon filter)
 #   there:  source .gpu/env.sh && tools/h200.sh <step...>
-#           steps: parity fast-parity report fast-report element faults soak bench real
+#           steps: parity fast-parity report fast-report element faults soak bench real overlap
 #                  neural-bench neural-speed peer stats sanitize
 # Writes logs under $OUT when set.
 set -uo pipefail
@@ -44,6 +44,13 @@ for step in "$@"; do
             .gpu/bin/toonflow-bench --sizes 1080p --precisions fp16 --frames 1000 --reps 3 \
                 --modes videotestsrc,rawvideoparse,rawvideoparse-only,appsrc-pinned,appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,nvh264dec-only,nvh264dec-cudadownload-only,nvh264dec-cuda-only,density,host-copies \
                 --json "$out/real.json" 2>&1 | grep -v XDG_RUNTIME | tee "$out/real.txt" || rc=1 ;;
+        overlap) # issue 12's overlap path: off and on side by side, flat out and paced below capacity
+            .gpu/bin/toonflow-bench --sizes 1080p --precisions fp16 --frames 1000 --reps 3 --overlap off,on \
+                --modes rawvideoparse,rawvideoparse-only,appsrc-fresh,appsrc-pinned,appsrc-pageable,videotestsrc \
+                --json "$out/overlap.json" 2>&1 | grep -v XDG_RUNTIME | tee "$out/overlap.txt" || rc=1
+            .gpu/bin/toonflow-bench --sizes 1080p --precisions fp16 --frames 1000 --reps 3 --overlap off,on --pace 1500 \
+                --modes appsrc-fresh,appsrc-pinned,appsrc-pageable \
+                --json "$out/overlap-paced.json" 2>&1 | grep -v XDG_RUNTIME | tee "$out/overlap-paced.txt" || rc=1 ;;
         peer) # the PyTorch peer on the generated Hayao-class model and TOONFLOW_PEER_MODELS
             python3 tools/peers/torch_peer.py $(neural_models) \
                 --json "$out/peer.jsonl" 2>&1 | tee "$out/peer.txt" || rc=1 ;;

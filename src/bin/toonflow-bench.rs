@@ -7,7 +7,9 @@
 //! The real-pipeline modes (real.rs: videotestsrc, rawvideoparse, appsrc-pinned/-pageable/-fresh,
 //! nvh264dec, nvh264dec-cudadownload, nvh264dec-cuda, density, host-copies) feed the CUDA element
 //! the way real upstream elements do and time it at its own pads (issue 12); the `-only` modes
-//! time the source or decoder alone.
+//! time the source or decoder alone. `--overlap off,on` runs each of them with the element's
+//! `overlap` off and on, side by side; `--pace FPS` makes the appsrc modes push at a live
+//! source's rate (latency below the element's capacity).
 //!
 //! `--model PATH` benchmarks the neural stage instead: the same frames through `toonflow
 //! model=PATH` on the CPU reference (`cpu`: a few frames, it is slow) and on CUDA
@@ -32,7 +34,7 @@ const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4
 rawvideoparse-only,appsrc-pinned,\
 appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,nvh264dec-only,\
 nvh264dec-cudadownload-only,nvh264dec-cuda-only,density,host-copies] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
-[--reps N] [--json FILE] [--model PATH.onnx] [--model-scale S]";
+[--reps N] [--json FILE] [--model PATH.onnx] [--model-scale S] [--overlap off,on] [--pace FPS]";
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -47,6 +49,11 @@ struct Options {
     model: Option<PathBuf>,
     /// model-scale of the neural rows (the element's default when `None`).
     model_scale: Option<f64>,
+    /// The real-pipeline modes run once per value: `overlap=false`/`true`, or the element's
+    /// default (`None`).
+    overlap: Vec<Option<bool>>,
+    /// The appsrc modes push at this rate (a live source) instead of as fast as they can.
+    pace: Option<f64>,
 }
 
 fn parse_size(s: &str) -> Result<(usize, usize, String), String> {
@@ -83,6 +90,8 @@ fn parse_args() -> Result<Options, String> {
         json: None,
         model: None,
         model_scale: None,
+        overlap: vec![None],
+        pace: None,
     };
     let (mut sizes_given, mut modes_given) = (false, false);
     let mut args = std::env::args().skip(1);
@@ -121,6 +130,25 @@ fn parse_args() -> Result<Options, String> {
                 )
             }
             "--precisions" => o.precisions = list(args.next())?,
+            "--pace" => {
+                o.pace = Some(
+                    args.next()
+                        .and_then(|v| v.parse().ok())
+                        .filter(|&v: &f64| v > 0.0)
+                        .ok_or("--pace FPS")?,
+                )
+            }
+            "--overlap" => {
+                o.overlap = list(args.next())?
+                    .iter()
+                    .map(|v| match v.as_str() {
+                        "on" | "true" => Ok(Some(true)),
+                        "off" | "false" => Ok(Some(false)),
+                        "default" => Ok(None),
+                        other => Err(format!("--overlap on,off,default: not {other}")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             "--frames" => {
                 o.frames = args
                     .next()
@@ -426,6 +454,29 @@ fn real_rows(
         println!("{label:<10} {mode:<11} skipped: no pinned frames");
         return;
     };
+    for overlap in &opts.overlap {
+        let props = match overlap {
+            Some(on) => format!("{toonflow_props} overlap={on}"),
+            None => toonflow_props.to_string(),
+        };
+        let inputs = (frames, pinned.as_slice(), props.as_str());
+        real_mode_rows(mode, w, h, label, opts, inputs, *overlap, rows);
+    }
+}
+
+/// The rows of one real-pipeline mode with these toonflow properties.
+#[allow(clippy::too_many_arguments)]
+fn real_mode_rows(
+    mode: &str,
+    w: usize,
+    h: usize,
+    label: &str,
+    opts: &Options,
+    inputs: (&[gst::Buffer], &[gst::Buffer], &str),
+    overlap: Option<bool>,
+    rows: &mut Vec<String>,
+) {
+    let (frames, pinned, toonflow_props) = inputs;
     let precision = opts.precisions.first().map_or("fp16", |p| p.as_str());
     let measured = (0..opts.reps.max(1))
         .map(|_| {
@@ -439,6 +490,7 @@ fn real_rows(
                 toonflow_props,
                 opts.frames,
                 Duration::from_secs(300),
+                opts.pace,
             )
         })
         .collect::<Result<Vec<_>, _>>();
@@ -459,19 +511,33 @@ fn real_rows(
             pick(|m| m.gpu_us),
         );
         let n = runs[0][i].instances;
-        let name = if mode == "density" {
+        let mut name = if mode == "density" {
             format!("density-{n}")
         } else {
             mode.to_string()
         };
+        let paced = opts
+            .pace
+            .filter(|_| mode.starts_with("appsrc") || mode == "density");
+        if let Some(fps) = paced {
+            name += &format!(" paced={fps}");
+        }
+        let pace_json = paced.map_or("null".to_string(), |f| format!("{f}"));
+        let overlap_json = match overlap {
+            Some(on) => {
+                name += if on { " overlap=on" } else { " overlap=off" };
+                on.to_string()
+            }
+            None => "null".to_string(),
+        };
         println!(
-            "{label:<10} {name:<22} {precision:<5} {:>10} fps  p50 {p50:>6.0} µs  p99 {p99:>6.0} µs  \
+            "{label:<10} {name:<30} {precision:<5} {:>10} fps  p50 {p50:>6.0} µs  p99 {p99:>6.0} µs  \
              upload {up:>6.1} µs  download {down:>6.1} µs  gpu {gpu:>6.1} µs",
             fps_text(fps)
         );
         rows.push(format!(
             "{{\"model\":null,\"size\":\"{}\",\"width\":{w},\"height\":{h},\"mode\":\"{}\",\"precision\":\"{}\",\
-             \"instances\":{n},\"fps_median\":{fps:.3},\"fps_runs\":[{}],\"latency_p50_us\":{p50:.1},\"latency_p99_us\":{p99:.1},\
+             \"instances\":{n},\"overlap\":{overlap_json},\"pace_fps\":{pace_json},\"fps_median\":{fps:.3},\"fps_runs\":[{}],\"latency_p50_us\":{p50:.1},\"latency_p99_us\":{p99:.1},\
              \"upload_us\":{up:.1},\"download_us\":{down:.1},\"gpu_time_us\":{gpu:.2},\"frames_per_run\":{},\"runs\":{}}}",
             json_escape(label),
             json_escape(&name),

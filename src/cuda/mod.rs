@@ -8,7 +8,8 @@
 //! device), `kernels` (NVRTC build), `plan` (the classic pipeline's memory plan), `graph` (graph
 //! cache and capture), `launch` (a frame's launches), `copy` (host↔device copies), `pinned`
 //! (page-locked host memory), `staging` (pageable uploads copied in bands by a few threads),
-//! `hostreg` (foreign host memory registered with the driver while it lives), `pipeline` ([`CudaPipeline`]), `error` ([`CudaError`]),
+//! `hostreg` (foreign host memory registered with the driver while it lives), `overlap` (the
+//! overlap path's slot bookkeeping), `pipeline` ([`CudaPipeline`]), `error` ([`CudaError`]),
 //! `gstcuda` (libgstcuda-1.0 loaded at run time: GstCudaContext, GstCudaMemory, its pool; the
 //! one GStreamer-aware file here).
 
@@ -24,6 +25,7 @@ pub mod kernels;
 mod launch;
 pub mod neural;
 pub mod neural_frame;
+pub mod overlap;
 mod pinned;
 mod pipeline;
 pub mod plan;
@@ -34,7 +36,7 @@ pub use graph::GraphKey;
 pub use pinned::{PinnedHostBuffer, is_page_locked};
 pub use pipeline::{
     CudaPipeline, DeviceNv12, FrameSource, FrameTarget, GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES,
-    PipelineEvent,
+    PipelineEvent, Submitted,
 };
 pub use plan::MemoryPlan;
 

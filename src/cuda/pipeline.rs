@@ -15,6 +15,7 @@ use super::fault::{Fault, injected};
 use super::graph::{GraphCache, GraphKey, OwnedGraph, Ran};
 use super::kernels::{Kernels, kernels};
 use super::launch::{DevicePtrs, clear_statistics, enqueue_frame};
+use super::overlap::{HOST_SLOTS, SlotRing};
 use super::pinned::{PinnedHostBuffer, is_page_locked};
 use super::plan::{MemoryPlan, check_cap, classic_plan};
 use super::staging::{self, HostPlane, StagedUpload};
@@ -204,9 +205,119 @@ fn geometry_error(got: FrameGeometry, want: FrameGeometry) -> CudaError {
     ))
 }
 
+/// A frame in flight on the overlap path: what its host slot remembers until its completion
+/// is seen.
+#[derive(Debug, Clone, Copy, Default)]
+struct InFlight {
+    launches: u32,
+    replayed: bool,
+    host_time_us: f64,
+}
+
+/// A frame's host slot on the overlap path.
+struct FlightSlot {
+    /// Parameter block and control going up, the frame's analysis (TfFrame) coming back.
+    host: PinnedHostBuffer,
+    /// 0/1: upload start and end (copy stream); 2: compute start; 3: the landing slot read
+    /// (the next upload waits for it); 4: kernels end (compute stream).
+    ev: [CudaEvent; 5],
+    /// After the download and the analysis report: blocking sync, so the push thread that
+    /// waits for it sleeps instead of spinning.
+    done: Arc<CudaEvent>,
+    frame: InFlight,
+}
+
+/// The overlap path's device and host resources, made on its first frame.
+struct Overlap {
+    slots: Vec<FlightSlot>,
+    ring: SlotRing,
+    /// The landing slot: one packed NV12 frame.
+    landing: Arena,
+    copy: Arc<CudaStream>,
+}
+
+impl Overlap {
+    /// The copy stream, a landing slot of `frame_bytes` and the host slots. The landing slot
+    /// counts against `max_device_memory` with the plan's arena (0: no cap).
+    fn new(
+        ctx: &Arc<CudaContext>,
+        plan: &MemoryPlan,
+        frame_bytes: u64,
+        max_device_memory: u64,
+    ) -> Result<Self, CudaError> {
+        if max_device_memory != 0 && plan.arena_bytes + frame_bytes > max_device_memory {
+            return Err(CudaError::out_of_memory(format!(
+                "overlap needs a landing slot of {frame_bytes} bytes beside the arena's {} \
+                 bytes, over max-device-memory ({max_device_memory} bytes)",
+                plan.arena_bytes
+            )));
+        }
+        let (free, _) = memory_info(ctx)?;
+        if frame_bytes > free {
+            return Err(CudaError::out_of_memory(format!(
+                "overlap's landing slot needs {frame_bytes} bytes, the device has {free} free"
+            )));
+        }
+        guard("setting up overlap", || {
+            ctx.bind_to_thread()
+                .map_err(driver("binding the context"))?;
+            // SAFETY: the context is current on this thread; the result is checked.
+            let ptr = unsafe { result::malloc_sync(frame_bytes as usize) }.map_err(|e| {
+                CudaError::OutOfMemory(MemoryShortfall {
+                    message: format!("cuMemAlloc of {frame_bytes} bytes for the landing slot"),
+                    source: Some(e),
+                })
+            })?;
+            let landing = Arena {
+                ptr,
+                bytes: frame_bytes,
+                ctx: ctx.clone(),
+            };
+            let copy = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+            let ev = |flags| ctx.new_event(Some(flags)).map_err(driver("cuEventCreate"));
+            let timing = sys::CUevent_flags::CU_EVENT_DEFAULT;
+            let slots = (0..HOST_SLOTS)
+                .map(|_| {
+                    Ok(FlightSlot {
+                        host: PinnedHostBuffer::in_context(ctx.clone(), HOST_BYTES)?,
+                        ev: [
+                            ev(timing)?,
+                            ev(timing)?,
+                            ev(timing)?,
+                            ev(timing)?,
+                            ev(timing)?,
+                        ],
+                        done: Arc::new(ev(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC)?),
+                        frame: InFlight::default(),
+                    })
+                })
+                .collect::<Result<Vec<_>, CudaError>>()?;
+            Ok(Overlap {
+                slots,
+                ring: SlotRing::new(HOST_SLOTS),
+                landing,
+                copy,
+            })
+        })
+    }
+}
+
+/// A frame queued by [`CudaPipeline::submit_host`].
+pub struct Submitted {
+    /// Recorded after the frame's download: the output buffer is complete once it has fired.
+    pub done: Arc<CudaEvent>,
+    /// Earlier frames seen complete meanwhile (oldest first): analysis report and figures.
+    pub finished: Vec<(FrameReport, GpuFrameStats)>,
+}
+
 /// One element instance's GPU state: stream, arena, graph cache and temporal ring.
 pub struct CudaPipeline {
-    // Field order is drop order: graphs go before the arena their kernels address.
+    // Field order is drop order: the overlap path's landing slot and events first (`Drop`
+    // synchronises its frames in flight), graphs before the arena their kernels address.
+    overlap: Option<Overlap>,
+    /// Overlap frames completed by a shape change (`finish_in_flight`) before anyone read them:
+    /// handed out first by the next `submit_host` or `harvest`, so none goes uncounted.
+    finished_early: Vec<(FrameReport, GpuFrameStats)>,
     cache: GraphCache<GraphKey, OwnedGraph>,
     /// `None` only after a shape change failed to allocate: frames are refused until a
     /// [`CudaPipeline::set_shape`] succeeds.
@@ -301,6 +412,8 @@ impl CudaPipeline {
             Ok((stream, [ev()?, ev()?, ev()?, ev()?]))
         })?;
         let mut p = CudaPipeline {
+            overlap: None,
+            finished_early: Vec::new(),
             cache: GraphCache::new(GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES),
             arena: None,
             host,
@@ -336,6 +449,9 @@ impl CudaPipeline {
     /// allocated, so a pipeline never holds two; if that allocation fails the pipeline is left
     /// without an arena (frames are refused) and the error is returned.
     fn install_plan(&mut self, plan: MemoryPlan) -> Result<(), CudaError> {
+        // Frames in flight address the old plan's buffers and the landing slot of the old size.
+        self.finish_in_flight();
+        self.overlap = None;
         let need = plan.arena_bytes.max(1);
         let reuse = self.arena.as_ref().is_some_and(|a| a.bytes >= need);
         self.plan = plan;
@@ -472,6 +588,301 @@ impl CudaPipeline {
         input: FrameSource,
         output: FrameTarget,
     ) -> Result<FrameReport, CudaError> {
+        self.check_frames(params, &input, &output)?;
+        let host_start = Instant::now();
+        let r = guard("processing a frame", || {
+            self.process_inner(params, input, output)
+        });
+        if r.is_ok() {
+            self.stats.host_time_us = host_start.elapsed().as_secs_f64() * 1e6;
+        }
+        r
+    }
+
+    /// Frames queued on the overlap path whose completion has not been seen yet.
+    pub fn in_flight(&self) -> usize {
+        self.overlap.as_ref().map_or(0, |o| o.ring.in_flight()) + self.finished_early.len()
+    }
+
+    /// Waits for the overlap path's frames in flight, before the buffers they address are
+    /// reused or freed, and keeps their reports and figures for the next `submit_host` or
+    /// `harvest` (a property that changes the shape while playing).
+    fn finish_in_flight(&mut self) {
+        let Some(mut ov) = self.overlap.take() else {
+            return;
+        };
+        if ov.ring.in_flight() > 0 {
+            let _ = self.ctx.bind_to_thread();
+            let _ = self.stream.synchronize();
+            let _ = ov.copy.synchronize();
+            match self.harvest_from(&mut ov, true) {
+                Ok(done) => self.finished_early.extend(done),
+                Err(_) => ov.ring.clear(),
+            }
+            // Every frame's work is over (both streams synchronised): none is left.
+            ov.ring.clear();
+        }
+        self.overlap = Some(ov);
+    }
+
+    /// The overlap path (issue 12): queues a host frame and returns without waiting for it.
+    ///
+    /// The upload goes on a copy stream into the landing slot (a pageable upload blocks the
+    /// calling thread for its staging, page-locked ones do not), after the previous frame has
+    /// read the landing slot; the compute stream waits for it, copies it into the arena,
+    /// replays the kernels and downloads the result into `output`, then records
+    /// [`Submitted::done`]. So this frame's upload overlaps the previous frame's kernels and
+    /// download, while each frame still completes as soon as its own work is done.
+    ///
+    /// # Safety
+    /// Both frames' memory must stay valid and untouched (`output` unread, `input` unwritten)
+    /// until `done` has fired: the copies run after this call returns.
+    ///
+    /// The analysis reports and figures of earlier frames found complete come back in
+    /// [`Submitted::finished`] (and from [`CudaPipeline::harvest`]); at most [`HOST_SLOTS`]
+    /// frames are in flight (a fourth waits for the oldest).
+    pub unsafe fn submit_host(
+        &mut self,
+        params: &ToonParams,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+    ) -> Result<Submitted, CudaError> {
+        self.check_frames(
+            params,
+            &FrameSource::Host(input),
+            &FrameTarget::Host(output),
+        )?;
+        let host_start = Instant::now();
+        let frame_bytes = (self.shape.width * self.shape.height * 3 / 2) as u64;
+        if self.overlap.is_none() {
+            let ov = Overlap::new(&self.ctx, &self.plan, frame_bytes, self.max_device_memory)?;
+            self.overlap = Some(ov);
+        }
+        let mut ov = self.overlap.take().expect("made above");
+        let r = guard("queuing a frame", || {
+            self.submit_inner(&mut ov, params, input, output)
+        });
+        if r.is_err() {
+            // A frame cut short: nothing of it may run on after the error is returned.
+            let _ = self.stream.synchronize();
+            let _ = ov.copy.synchronize();
+        }
+        self.overlap = Some(ov);
+        let (slot, finished) = r?;
+        if let Some(ov) = &mut self.overlap {
+            ov.slots[slot].frame.host_time_us = host_start.elapsed().as_secs_f64() * 1e6;
+            return Ok(Submitted {
+                done: ov.slots[slot].done.clone(),
+                finished,
+            });
+        }
+        unreachable!("put back above")
+    }
+
+    /// Enqueues the frame on the copy and compute streams; returns its host slot and the
+    /// frames found complete.
+    #[allow(clippy::type_complexity)]
+    fn submit_inner(
+        &mut self,
+        ov: &mut Overlap,
+        params: &ToonParams,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+    ) -> Result<(usize, Vec<(FrameReport, GpuFrameStats)>), CudaError> {
+        let (w, h) = (self.shape.width as usize, self.shape.height as usize);
+        let frame_bytes = w * (h + h / 2);
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        let mut finished = std::mem::take(&mut self.finished_early);
+        finished.extend(self.harvest_from(ov, false)?);
+        if ov.ring.next_free().is_none() {
+            finished.extend(self.harvest_from(ov, true)?);
+        }
+        let i = ov
+            .ring
+            .next_free()
+            .ok_or_else(|| CudaError::Failed("no free host slot after a wait".into()))?;
+        let (s, copy) = (self.stream.clone(), ov.copy.clone());
+        // The landing slot is free once the last submitted frame has copied it into the arena.
+        if let Some(prev) = ov.ring.last_submitted() {
+            copy.wait(&ov.slots[prev].ev[3])
+                .map_err(driver("cuStreamWaitEvent"))?;
+        }
+        let landing = ov.landing.ptr;
+        let slot = &mut ov.slots[i];
+        let control = TfControl {
+            reset: self.reset_pending as i32,
+            pad: [0; 3],
+        };
+        let params_bytes = bytemuck::bytes_of(params);
+        slot.host[HOST_PARAMS..HOST_PARAMS + params_bytes.len()].copy_from_slice(params_bytes);
+        slot.host[HOST_CONTROL..HOST_CONTROL_END].copy_from_slice(bytemuck::bytes_of(&control));
+
+        slot.ev[0].record(&copy).map_err(driver("cuEventRecord"))?;
+        self.upload_host(copy.cu_stream(), input, landing, false)?;
+        slot.ev[1].record(&copy).map_err(driver("cuEventRecord"))?;
+
+        let cs = s.cu_stream();
+        s.wait(&slot.ev[1]).map_err(driver("cuStreamWaitEvent"))?;
+        slot.ev[2].record(&s).map_err(driver("cuEventRecord"))?;
+        // SAFETY: the slot's page-locked block is not written again before its frame is seen
+        // complete (the ring hands it out again only then); "params" holds CONTROL_OFFSET +
+        // TfControl bytes; the landing slot and "nv12-in" both hold a packed frame.
+        unsafe {
+            copy_h2d(
+                cs,
+                slot.host.as_ptr().add(HOST_PARAMS),
+                self.ptrs.params,
+                HOST_CONTROL_END - HOST_PARAMS,
+            )
+            .map_err(driver("parameter upload"))?;
+            result::memcpy_dtod_async(self.ptrs.nv12_in, landing, frame_bytes, cs)
+                .map_err(driver("landing slot copy"))?;
+        }
+        slot.ev[3].record(&s).map_err(driver("cuEventRecord"))?;
+        let key = self.graph_key(params);
+        let replayed = self.run_frame(&key)?;
+        let slot = &mut ov.slots[i];
+        slot.ev[4].record(&s).map_err(driver("cuEventRecord"))?;
+        let arena_out = Rows::device(self.ptrs.nv12_out, w);
+        let target = [
+            Rows::Host {
+                ptr: output.y.as_mut_ptr(),
+                pitch: output.y_stride,
+            },
+            Rows::Host {
+                ptr: output.uv.as_mut_ptr(),
+                pitch: output.uv_stride,
+            },
+        ];
+        // SAFETY: "nv12-out" holds the packed frame; the output planes were checked to hold
+        // the frame and the caller keeps them alive and unread until `done` fires (see
+        // `submit_host`); the slot's block is read only after `done`.
+        unsafe {
+            copy_nv12(
+                cs,
+                [arena_out, arena_out.offset(w * h)],
+                target,
+                w,
+                h,
+                "download",
+            )?;
+            copy_d2h(
+                cs,
+                self.ptrs.frame,
+                slot.host.as_mut_ptr().add(HOST_FRAME),
+                HOST_FRAME_END - HOST_FRAME,
+            )
+            .map_err(driver("frame block download"))?;
+        }
+        slot.done.record(&s).map_err(driver("cuEventRecord"))?;
+        slot.frame = InFlight {
+            launches: self.launches_per_frame(params),
+            replayed,
+            host_time_us: 0.0,
+        };
+        self.reset_pending = false;
+        ov.ring.begin(i);
+        Ok((i, finished))
+    }
+
+    /// Reads the analysis report and figures of the overlap path's frames that are complete,
+    /// oldest first; with `wait`, waits for all frames in flight first.
+    pub fn harvest(&mut self, wait: bool) -> Result<Vec<(FrameReport, GpuFrameStats)>, CudaError> {
+        let early = std::mem::take(&mut self.finished_early);
+        let Some(mut ov) = self.overlap.take() else {
+            return Ok(early);
+        };
+        let mut r = Ok(early);
+        while let Ok(v) = &mut r {
+            let more = self.harvest_from(&mut ov, wait);
+            match more {
+                Ok(m) if m.is_empty() => break,
+                Ok(m) => v.extend(m),
+                Err(e) => r = Err(e),
+            }
+            if !wait {
+                break;
+            }
+        }
+        self.overlap = Some(ov);
+        r
+    }
+
+    /// Frames complete in `ov`, oldest first: without `wait_one` those already done, with it
+    /// the oldest after waiting for it (and any done after it).
+    fn harvest_from(
+        &mut self,
+        ov: &mut Overlap,
+        wait_one: bool,
+    ) -> Result<Vec<(FrameReport, GpuFrameStats)>, CudaError> {
+        let mut out = Vec::new();
+        while let Some(i) = ov.ring.oldest() {
+            let slot = &ov.slots[i];
+            if wait_one && out.is_empty() {
+                slot.done
+                    .synchronize()
+                    .map_err(driver("cuEventSynchronize"))?;
+            } else if !slot
+                .done
+                .try_is_complete()
+                .map_err(driver("cuEventQuery"))?
+            {
+                break;
+            }
+            let ms = |a: &CudaEvent, b: &CudaEvent| {
+                a.elapsed_ms(b).map(|v| v as f64 * 1e3).unwrap_or(0.0)
+            };
+            let up = ms(&slot.ev[0], &slot.ev[1]);
+            let device_copy = ms(&slot.ev[2], &slot.ev[3]);
+            let gpu = ms(&slot.ev[3], &slot.ev[4]);
+            let down = ms(&slot.ev[4], &slot.done);
+            let fb: TfFrame = bytemuck::pod_read_unaligned(&slot.host[HOST_FRAME..HOST_FRAME_END]);
+            let frame = slot.frame;
+            ov.ring.finish_oldest();
+            self.frames += 1;
+            if self.frames % 64 == 1 {
+                self.device_free = memory_info(&self.ctx)
+                    .map(|m| m.0)
+                    .unwrap_or(self.device_free);
+            }
+            let bytes = (self.shape.width * self.shape.height * 3 / 2) as u64;
+            self.stats = GpuFrameStats {
+                gpu_time_us: gpu,
+                transfer_time_us: up + down,
+                launches: frame.launches,
+                graph_replayed: frame.replayed,
+                arena_bytes: self.plan.arena_bytes + ov.landing.bytes,
+                peak_live_bytes: self.plan.peak_live_bytes,
+                device_free_bytes: self.device_free,
+                host_time_us: frame.host_time_us,
+                upload_time_us: up,
+                download_time_us: down,
+                upload_bytes: bytes,
+                download_bytes: bytes,
+                device_copy_time_us: device_copy,
+            };
+            out.push((
+                FrameReport {
+                    scene_cut: fb.scene_cut != 0,
+                    scene_score: fb.scene_score,
+                    history_used: fb.history_used.max(0) as usize,
+                },
+                self.stats,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Refuses frames the pipeline cannot take now: no arena, parameters of another shape, planes
+    /// that do not hold the pipeline's geometry (the fields are public).
+    fn check_frames(
+        &self,
+        params: &ToonParams,
+        input: &FrameSource,
+        output: &FrameTarget,
+    ) -> Result<(), CudaError> {
         if self.arena.is_none() {
             return Err(CudaError::Failed(format!(
                 "no device memory for {}: the last shape change failed to allocate it; set a \
@@ -498,7 +909,7 @@ impl CudaPipeline {
             )));
         }
         // Re-check the planes (the fields are public): no copy may run past a slice.
-        match &input {
+        match input {
             FrameSource::Host(input) => {
                 if input.geometry != g {
                     return Err(geometry_error(input.geometry, g));
@@ -508,7 +919,7 @@ impl CudaPipeline {
             }
             FrameSource::Device(d) => d.check(w, "input")?,
         }
-        match &output {
+        match output {
             FrameTarget::Host(output) => {
                 if output.geometry != g {
                     return Err(geometry_error(output.geometry, g));
@@ -524,14 +935,7 @@ impl CudaPipeline {
             }
             FrameTarget::Device(d) => d.check(w, "output")?,
         }
-        let host_start = Instant::now();
-        let r = guard("processing a frame", || {
-            self.process_inner(params, input, output)
-        });
-        if r.is_ok() {
-            self.stats.host_time_us = host_start.elapsed().as_secs_f64() * 1e6;
-        }
-        r
+        Ok(())
     }
 
     fn process_inner(
@@ -577,7 +981,7 @@ impl CudaPipeline {
         );
         let upload_bytes = match input {
             FrameSource::Host(f) => {
-                self.upload_host(cs, f)?;
+                self.upload_host(cs, f, self.ptrs.nv12_in, true)?;
                 frame_bytes
             }
             FrameSource::Device(d) => {
@@ -699,7 +1103,17 @@ impl CudaPipeline {
     /// page-locked memory (toonflow's pool, registered memory) are copied straight; pageable
     /// planes are staged in bands by the stager's threads, overlapping their copy with the DMA,
     /// or, with no staging threads, left to the driver's staging.
-    fn upload_host(&mut self, cs: sys::CUstream, f: &Nv12Frame) -> Result<(), CudaError> {
+    ///
+    /// `dst` holds the frame packed (the arena's "nv12-in", or the overlap path's landing
+    /// slot); without `allow_staging` the driver stages pageable planes (the stager's buffer is
+    /// reused on the next frame, which the overlap path does not wait for).
+    fn upload_host(
+        &mut self,
+        cs: sys::CUstream,
+        f: &Nv12Frame,
+        dst: CUdeviceptr,
+        allow_staging: bool,
+    ) -> Result<(), CudaError> {
         let (w, h) = (self.shape.width as usize, self.shape.height as usize);
         let plane_rows = [h, h / 2];
         let planes = [
@@ -714,8 +1128,8 @@ impl CudaPipeline {
                 rows: plane_rows[1],
             },
         ];
-        let staged = planes.map(|p| self.staging_threads > 0 && !is_page_locked(p.ptr));
-        let dst = self.ptrs.nv12_in;
+        let staged =
+            planes.map(|p| allow_staging && self.staging_threads > 0 && !is_page_locked(p.ptr));
         if staged.contains(&true) {
             let (ctx, threads) = (self.ctx.clone(), self.staging_threads);
             let stager = match &mut self.stager {
@@ -811,5 +1225,13 @@ impl CudaPipeline {
                 Ok(false)
             }
         }
+    }
+}
+
+impl Drop for CudaPipeline {
+    fn drop(&mut self) {
+        // The overlap path's frames in flight still read and write the arena, the landing slot
+        // and their host buffers.
+        self.finish_in_flight();
     }
 }

@@ -23,6 +23,7 @@ use crate::neural::frame::{ColorMatrix, ColorRange, ConverterConfig};
 use crate::pipeline::cpu::FrameReport;
 use crate::pipeline::fast::CpuClassic;
 use crate::pipeline::{FrameGeometry, Nv12Frame, Nv12FrameMut, Shape, StageParams, ToonParams};
+use cudarc::driver::CudaEvent;
 
 /// What the engine needs to know about the negotiated caps, read from them in one place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +81,14 @@ pub struct FrameOutcome {
     pub gpu: Option<GpuFrameStats>,
     /// Plan and stages, when the network made the frame.
     pub neural: Option<NeuralFrameStats>,
+}
+
+/// A frame queued on the GPU by [`Engine::submit`].
+pub struct Queued {
+    /// Fires when the frame's output buffer is complete.
+    pub done: Arc<CudaEvent>,
+    /// Earlier queued frames found complete meanwhile, oldest first.
+    pub finished: Vec<FrameOutcome>,
 }
 
 /// Why the engine cannot start, configure or process. imp.rs maps each to a GStreamer error
@@ -833,18 +842,79 @@ impl Engine {
         })
     }
 
-    /// After a classic CUDA frame: logs what the pipeline reported (plans, fallbacks) and wraps
-    /// the frame's figures.
-    fn classic_cuda_frame_done(&mut self, report: FrameReport, gpu: GpuFrameStats) -> FrameOutcome {
-        if let Some(Processor::ClassicCuda(mut p)) = self.processor.take() {
-            self.drain_cuda_events(&mut p);
-            self.processor = Some(Processor::ClassicCuda(p));
+    /// Whether frames can be queued with [`Engine::submit`] (the overlap path): the classic
+    /// pipeline on CUDA.
+    pub fn can_submit(&self) -> bool {
+        matches!(self.processor, Some(Processor::ClassicCuda(_)))
+    }
+
+    /// The overlap path: queues a host frame on the classic CUDA pipeline and returns without
+    /// waiting (see `CudaPipeline::submit_host`). A failure is returned as is, with no CPU
+    /// fallback: the element then runs the frame through [`Engine::process`].
+    ///
+    /// # Safety
+    /// The frames' memory must stay valid, `output` unread and `input` unwritten, until
+    /// [`Queued::done`] has fired.
+    pub unsafe fn submit(
+        &mut self,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+    ) -> Result<Queued, EngineError> {
+        let (Some(stream), Some(Processor::ClassicCuda(p))) = (&self.stream, &mut self.processor)
+        else {
+            return Err(EngineError::NotConfigured);
+        };
+        // SAFETY: passed on to the caller (see above).
+        let result = unsafe { p.submit_host(&stream.params, input, output) };
+        self.drain_classic_events();
+        let submitted = result.map_err(EngineError::CudaProcessing)?;
+        Ok(Queued {
+            done: submitted.done,
+            finished: submitted
+                .finished
+                .into_iter()
+                .map(Self::classic_outcome)
+                .collect(),
+        })
+    }
+
+    /// Outcomes of queued frames found complete, oldest first; with `wait`, of all of them.
+    pub fn harvest(&mut self, wait: bool) -> Result<Vec<FrameOutcome>, EngineError> {
+        let Some(Processor::ClassicCuda(p)) = &mut self.processor else {
+            return Ok(Vec::new());
+        };
+        let finished = p.harvest(wait).map_err(EngineError::CudaProcessing)?;
+        Ok(finished.into_iter().map(Self::classic_outcome).collect())
+    }
+
+    /// Frames queued by [`Engine::submit`] whose outcome has not been harvested.
+    pub fn in_flight(&self) -> usize {
+        match &self.processor {
+            Some(Processor::ClassicCuda(p)) => p.in_flight(),
+            _ => 0,
         }
+    }
+
+    fn classic_outcome((report, gpu): (FrameReport, GpuFrameStats)) -> FrameOutcome {
         FrameOutcome {
             report,
             gpu: Some(gpu),
             neural: None,
         }
+    }
+
+    fn drain_classic_events(&mut self) {
+        if let Some(Processor::ClassicCuda(mut p)) = self.processor.take() {
+            self.drain_cuda_events(&mut p);
+            self.processor = Some(Processor::ClassicCuda(p));
+        }
+    }
+
+    /// After a classic CUDA frame: logs what the pipeline reported (plans, fallbacks) and wraps
+    /// the frame's figures.
+    fn classic_cuda_frame_done(&mut self, report: FrameReport, gpu: GpuFrameStats) -> FrameOutcome {
+        self.drain_classic_events();
+        Self::classic_outcome((report, gpu))
     }
 
     /// Whether frames go to the classic CUDA pipeline or the network's device frame path

@@ -2,14 +2,18 @@
 //! (engine.rs) chooses the backend and makes the picture, the properties are declared in
 //! properties.rs and the statistics kept in stats.rs.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 
 use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
+use gst_base::subclass::base_transform::{
+    GenerateOutputSuccess, InputBuffer, PrepareOutputBufferSuccess,
+};
 use gst_base::subclass::prelude::*;
 use gst_video::subclass::prelude::*;
 use parking_lot::Mutex;
@@ -17,6 +21,7 @@ use parking_lot::Mutex;
 use super::cuda_memory::{self, CudaShare, MemoryKind, SharedContext};
 use super::engine::{Engine, EngineEvent, FrameOutcome, Level, StreamFormat};
 use super::properties;
+use super::pusher::{Completion, Disposal, Pusher};
 use super::settings::{BackendChoice, Settings};
 use super::stats::Stats;
 use super::{frames, hostmem, pool};
@@ -40,6 +45,41 @@ struct State {
     memory: [MemoryKind; 2],
     /// The CUDA context shared with the pipeline, when the engine runs in it.
     shared: Option<SharedContext>,
+    /// Queuing a frame failed this stream (e.g. no device memory for the landing slot): frames
+    /// run one at a time until the next caps.
+    overlap_failed: bool,
+}
+
+/// A frame on the overlap path between the streaming thread and the push thread.
+struct Pending {
+    outbuf: gst::Buffer,
+    /// Held until the upload has read it (an upstream pool must not reuse it before).
+    inbuf: gst::Buffer,
+    done: Completion,
+}
+
+/// How a frame went.
+enum Ran {
+    /// Made: the output buffer is complete.
+    Done,
+    /// Queued on the overlap path: complete once `Completion` says so.
+    Queued(Completion),
+}
+
+/// Frames on the overlap path not yet pushed (the one whose upload runs is not counted): one
+/// in the kernels, one waiting for the previous one's download.
+const MAX_IN_FLIGHT: usize = 2;
+
+/// `TOONFLOW_OVERLAP_EMULATE_US=N`: with the CPU backend, frames still go through the overlap
+/// path's push thread, each complete N µs after it was made, as if a GPU still worked on it
+/// (a test hook: the element's ordering, events, flushes and caps changes are tested on
+/// machines without a GPU).
+fn emulated_completion() -> Option<Duration> {
+    std::env::var("TOONFLOW_OVERLAP_EMULATE_US")
+        .ok()?
+        .parse()
+        .ok()
+        .map(Duration::from_micros)
 }
 
 #[derive(Default)]
@@ -49,6 +89,14 @@ pub struct Toonflow {
     stats: Mutex<Stats>,
     /// The pipeline's CUDA context (chosen at NULL→READY, dropped at READY→NULL).
     cuda: Mutex<CudaShare>,
+    /// The overlap path's push thread (made in `start` when `overlap` is on and frames can be
+    /// queued, joined in `stop`).
+    pusher: Mutex<Option<Arc<Pusher<Pending>>>>,
+    /// A late frame was skipped (QoS): the next frame pushed by the push thread is DISCONT, as
+    /// base transform marks the ones it pushes.
+    discont_pending: AtomicBool,
+    /// With `TOONFLOW_OVERLAP_EMULATE_US`, read at start.
+    emulate: Mutex<Option<Duration>>,
 }
 
 impl Toonflow {
@@ -219,6 +267,95 @@ impl Toonflow {
         self.cuda.lock().decided = true;
     }
 
+    /// The push thread of the overlap path: waits for each frame's completion, then pushes
+    /// it on the source pad in order (or drops it while flushing).
+    fn start_pusher(&self) -> Result<Pusher<Pending>, gst::ErrorMessage> {
+        let srcpad = gst_base::prelude::BaseTransformExtManual::src_pad(&*self.obj()).clone();
+        let weak = self.obj().downgrade();
+        Pusher::new(
+            "toonflow-push",
+            MAX_IN_FLIGHT,
+            move |p: Pending, disposal| {
+                let waited = p.done.wait();
+                drop(p.inbuf);
+                if let Err(e) = waited {
+                    if let Some(element) = weak.upgrade() {
+                        gst::element_error!(
+                            element,
+                            gst::StreamError::Failed,
+                            ("CUDA processing failed: {}", e)
+                        );
+                    }
+                    return Err(gst::FlowError::Error);
+                }
+                match disposal {
+                    Disposal::Discard => Ok(()),
+                    Disposal::Push => srcpad.push(p.outbuf).map(|_| ()),
+                }
+            },
+        )
+        .map_err(|e| {
+            gst::error_msg!(
+                gst::CoreError::Thread,
+                ("cannot start the push thread: {}", e)
+            )
+        })
+    }
+
+    fn pusher(&self) -> Option<Arc<Pusher<Pending>>> {
+        self.pusher.lock().clone()
+    }
+
+    /// Waits until every frame on the overlap path is pushed (or dropped, when flushing), then
+    /// counts them: before serialized events and queries, renegotiation and a frame that takes
+    /// the synchronous path.
+    fn finish_pending(&self) {
+        let Some(pusher) = self.pusher() else {
+            return;
+        };
+        let _ = pusher.drain();
+        let (outcomes, geometry) = {
+            let mut guard = self.state.lock();
+            let Some(state) = guard.as_mut() else {
+                return;
+            };
+            if state.engine.in_flight() == 0 {
+                return;
+            }
+            let harvested = state.engine.harvest(true);
+            let geometry = state.engine.format().map(|f| f.geometry);
+            match (harvested, geometry) {
+                (Ok(o), Some(g)) => (o, g),
+                (Err(e), _) => {
+                    gst::warning!(CAT, imp = self, "frames in flight: {e}");
+                    return;
+                }
+                _ => return,
+            }
+        };
+        self.record_all(&outcomes, geometry);
+    }
+
+    /// Counts frames of the overlap path whose completion was seen.
+    fn record_all(&self, outcomes: &[FrameOutcome], geometry: FrameGeometry) {
+        for outcome in outcomes {
+            self.log_scene_cut(outcome);
+            let host_us = outcome.gpu.map_or(0.0, |g| g.host_time_us);
+            self.record(outcome, host_us, geometry);
+        }
+    }
+
+    fn log_scene_cut(&self, outcome: &FrameOutcome) {
+        if outcome.report.scene_cut {
+            gst::debug!(
+                CAT,
+                imp = self,
+                "scene cut (score {:.2}): temporal history dropped",
+                outcome.report.scene_score
+            );
+        }
+    }
+
     /// Counts a frame and posts `toonflow-stats` when one is due.
     fn record(&self, outcome: &FrameOutcome, elapsed_us: f64, geometry: FrameGeometry) {
         let interval = self.settings.lock().stats_interval;
@@ -367,21 +504,44 @@ impl BaseTransformImpl for Toonflow {
         stats.set_model(engine.model_name().unwrap_or(""));
         *self.stats.lock() = stats;
         self.drain(&mut engine);
+        let emulate = emulated_completion().filter(|_| engine.cuda_device().is_none());
+        let pusher = if settings.overlap && (engine.cuda_device().is_some() || emulate.is_some()) {
+            gst::debug!(
+                CAT,
+                imp = self,
+                "overlap on: frames are pushed from a second thread"
+            );
+            Some(Arc::new(self.start_pusher()?))
+        } else {
+            None
+        };
+        *self.emulate.lock() = emulate;
+        self.discont_pending.store(false, Ordering::Relaxed);
         *self.state.lock() = Some(State {
             engine,
             info: None,
             memory: [MemoryKind::System; 2],
             shared,
+            overlap_failed: false,
         });
+        *self.pusher.lock() = pusher;
         Ok(())
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        // The push thread finishes (drops) what is in flight and is joined before the engine
+        // and its device memory go.
+        let pusher = self.pusher.lock().take();
+        drop(pusher);
         *self.state.lock() = None;
         Ok(())
     }
 
     fn query(&self, direction: gst::PadDirection, query: &mut gst::QueryRef) -> bool {
+        // A serialized query (allocation, drain) comes after the frames before it.
+        if direction == gst::PadDirection::Sink && query.is_serialized() {
+            self.finish_pending();
+        }
         if let gst::QueryViewMut::Context(q) = query.view_mut()
             && q.context_type() == gstcuda::CONTEXT_TYPE
         {
@@ -450,6 +610,8 @@ impl BaseTransformImpl for Toonflow {
         &self,
         query: &mut gst::query::Allocation,
     ) -> Result<(), gst::LoggableError> {
+        // Renegotiation: frames in flight write into buffers of the old pool.
+        self.finish_pending();
         let shared = self.state.lock().as_ref().and_then(|s| s.shared.clone());
         let caps = query.get_owned().0;
         if let (Some(caps), Some(shared)) = (&caps, &shared)
@@ -475,6 +637,20 @@ impl BaseTransformImpl for Toonflow {
     }
 
     fn sink_event(&self, event: gst::Event) -> bool {
+        if let Some(pusher) = self.pusher() {
+            match event.view() {
+                // Frames in flight are dropped, not pushed; a streaming thread waiting for
+                // room returns FLUSHING.
+                gst::EventView::FlushStart(_) => pusher.set_flushing(),
+                gst::EventView::FlushStop(_) => {
+                    pusher.flush_stop();
+                    self.finish_pending();
+                }
+                // EOS, caps, segment, gap...: after the frames before them.
+                _ if event.is_serialized() => self.finish_pending(),
+                _ => {}
+            }
+        }
         // A flush, a new stream or a new segment (a seek, a source that restarted) breaks the
         // sequence of frames the temporal history was built from.
         let reason = match event.view() {
@@ -501,8 +677,45 @@ impl BaseTransformImpl for Toonflow {
         // The parent answers DROPPED only for a buffer it skipped as late (QoS).
         if result == Ok(gst_base::BASE_TRANSFORM_FLOW_DROPPED) {
             self.stats.lock().record_dropped();
+            self.discont_pending.store(true, Ordering::Relaxed);
         }
         result
+    }
+
+    /// With overlap, frames are queued and pushed by the push thread: the output buffer is
+    /// prepared as base transform prepares it (pool, timestamps, flags, metas), the frame's
+    /// GPU work is queued and nothing is returned here. Frames that cannot be queued (CUDA
+    /// memory, the network, a CPU fallback) take base transform's path after those in flight.
+    fn generate_output(&self) -> Result<GenerateOutputSuccess, gst::FlowError> {
+        let Some(pusher) = self.pusher() else {
+            return self.parent_generate_output();
+        };
+        let Some(inbuf) = self.take_queued_buffer() else {
+            return Ok(GenerateOutputSuccess::NoOutput);
+        };
+        // An earlier frame's push failed (NOT_LINKED, EOS, FLUSHING...): this frame returns it.
+        pusher.wait_room()?;
+        let mut outbuf = match self.parent_prepare_output_buffer(InputBuffer::Readable(&inbuf))? {
+            PrepareOutputBufferSuccess::Buffer(b) => b,
+            PrepareOutputBufferSuccess::InputBuffer => {
+                gst::error!(CAT, imp = self, "no output buffer (in place)");
+                return Err(gst::FlowError::Error);
+            }
+        };
+        if self.discont_pending.swap(false, Ordering::Relaxed) {
+            outbuf.make_mut().set_flags(gst::BufferFlags::DISCONT);
+        }
+        match self.process(&inbuf, outbuf.make_mut(), Some(&pusher))? {
+            Ran::Queued(done) => {
+                pusher.push(Pending {
+                    outbuf,
+                    inbuf,
+                    done,
+                });
+                Ok(GenerateOutputSuccess::NoOutput)
+            }
+            Ran::Done => Ok(GenerateOutputSuccess::Buffer(outbuf)),
+        }
     }
 
     fn transform(
@@ -510,6 +723,22 @@ impl BaseTransformImpl for Toonflow {
         inbuf: &gst::Buffer,
         outbuf: &mut gst::BufferRef,
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        match self.process(inbuf, outbuf, None)? {
+            Ran::Done => Ok(gst::FlowSuccess::Ok),
+            Ran::Queued(_) => unreachable!("frames are queued only with a push thread"),
+        }
+    }
+}
+
+impl Toonflow {
+    /// Makes one frame: queued on the overlap path when `pusher` is given and the frame can go
+    /// there, else synchronously (after the frames in flight).
+    fn process(
+        &self,
+        inbuf: &gst::Buffer,
+        outbuf: &mut gst::BufferRef,
+        pusher: Option<&Pusher<Pending>>,
+    ) -> Result<Ran, gst::FlowError> {
         let settings = self.settings.lock().clone();
         let mut guard = self.state.lock();
         let Some((engine, info, memory, state_shared)) = guard
@@ -545,6 +774,56 @@ impl BaseTransformImpl for Toonflow {
                 &ctx,
             );
         }
+        let host_frames = memory == [MemoryKind::System; 2];
+        let overlap_failed = guard.as_ref().is_some_and(|s| s.overlap_failed);
+        let Some(state) = guard.as_mut() else {
+            return Err(gst::FlowError::Flushing);
+        };
+        let engine = &mut state.engine;
+        if pusher.is_some() && host_frames && !overlap_failed && engine.can_submit() {
+            let queued = frames::with_nv12(inbuf, outbuf, &info, geometry, |input, output| {
+                let started = Instant::now();
+                // SAFETY: the planes are system memory of `inbuf` and `outbuf`, which the
+                // caller hands to the push thread with the completion; it holds both until the
+                // completion fires, and nothing reads `outbuf` or writes `inbuf` before.
+                let result = unsafe { engine.submit(input, output) };
+                (result, started.elapsed().as_secs_f64() * 1e6)
+            })
+            .map_err(|e| {
+                self.post_error_message(e);
+                gst::FlowError::Error
+            })?;
+            self.drain(engine);
+            match queued {
+                (Ok(q), _) => {
+                    drop(guard);
+                    self.record_all(&q.finished, geometry);
+                    return Ok(Ran::Queued(Completion::Cuda(q.done)));
+                }
+                (Err(e), _) => {
+                    gst::warning!(
+                        CAT,
+                        imp = self,
+                        "overlap off for this stream, frames run one at a time: {e}"
+                    );
+                    state.overlap_failed = true;
+                }
+            }
+        }
+        // The CPU emulation of the overlap path (tests): made here, queued like a GPU frame.
+        let emulate = (*self.emulate.lock()).filter(|_| pusher.is_some() && host_frames);
+        // The synchronous path: after the frames in flight.
+        let pending = emulate.is_none()
+            && (pusher.is_some_and(|p| p.in_flight() > 0) || engine.in_flight() > 0);
+        if pending {
+            drop(guard);
+            self.finish_pending();
+            guard = self.state.lock();
+        }
+        let Some(state) = guard.as_mut() else {
+            return Err(gst::FlowError::Flushing);
+        };
+        let engine = &mut state.engine;
         let mapped = match (&state_shared, engine.runs_on_gpu()) {
             // Frames in GstCudaMemory of the shared context go to the GPU without a PCIe copy.
             (Some(shared), true) if memory != [MemoryKind::System; 2] => {
@@ -570,16 +849,12 @@ impl BaseTransformImpl for Toonflow {
             self.post_error_message(e.message());
             gst::FlowError::Error
         })?;
-        if outcome.report.scene_cut {
-            gst::debug!(
-                CAT,
-                imp = self,
-                "scene cut (score {:.2}): temporal history dropped",
-                outcome.report.scene_score
-            );
-        }
+        self.log_scene_cut(&outcome);
         self.record(&outcome, elapsed_us, geometry);
-        Ok(gst::FlowSuccess::Ok)
+        if let Some(delay) = emulate {
+            return Ok(Ran::Queued(Completion::At(Instant::now() + delay)));
+        }
+        Ok(Ran::Done)
     }
 }
 
@@ -593,6 +868,8 @@ impl VideoFilterImpl for Toonflow {
     ) -> Result<(), gst::LoggableError> {
         let format = StreamFormat::from_info(in_info)
             .map_err(|e| gst::loggable_error!(CAT, "Unsupported caps {incaps}: {e}"))?;
+        // Frames in flight were made for the old caps.
+        self.finish_pending();
         let settings = self.settings.lock().clone();
         let mut guard = self.state.lock();
         let state = guard
@@ -600,6 +877,7 @@ impl VideoFilterImpl for Toonflow {
             .ok_or_else(|| gst::loggable_error!(CAT, "caps {incaps} before start"))?;
         // Until the engine is configured for the new caps, frames are refused.
         state.info = None;
+        state.overlap_failed = false;
         state.memory = [MemoryKind::of_caps(incaps), MemoryKind::of_caps(outcaps)];
         gst::debug!(
             CAT,

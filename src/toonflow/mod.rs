@@ -13,6 +13,7 @@ mod neural_cpu;
 mod neural_cuda;
 mod pool;
 mod properties;
+mod pusher;
 mod settings;
 mod stats;
 

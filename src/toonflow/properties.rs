@@ -10,7 +10,8 @@ use gst::prelude::*;
 use super::settings::{
     BackendChoice, DEFAULT_CUDA_GRAPH, DEFAULT_DEVICE_ID, DEFAULT_MAX_DEVICE_MEMORY,
     DEFAULT_MODEL_EDGES, DEFAULT_MODEL_SCALE, DEFAULT_MODEL_SIZE_MULTIPLE,
-    DEFAULT_MODEL_STAT_SMOOTHING, DEFAULT_STATS_INTERVAL, ModelRange, PrecisionChoice, Settings,
+    DEFAULT_MODEL_STAT_SMOOTHING, DEFAULT_OVERLAP, DEFAULT_STATS_INTERVAL, ModelRange,
+    PrecisionChoice, Settings,
 };
 use crate::neural::frame::ConverterConfig;
 use crate::pipeline::StageParams;
@@ -130,6 +131,12 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
         row!(stage.motion_sigma => float("motion-sigma", "Motion sigma", "Motion guard of the temporal filter in L units: pixels that changed by more fall back to the current frame", (0.1, 100.0), d.motion_sigma)),
         row!(stage.scene_cut_threshold => float("scene-cut-threshold", "Scene-cut threshold", "Mean thumbnail change (L units) above which a frame starts a new scene and the temporal history is dropped", (0.0, 100.0), d.scene_cut_threshold)),
         row!(cuda_graph => boolean("cuda-graph", "CUDA graph", "Replay each frame's kernels as a captured CUDA graph (false = launch them one by one)", DEFAULT_CUDA_GRAPH)),
+        row!(overlap => glib::ParamSpecBoolean::builder("overlap")
+            .nick("Overlap frames")
+            .blurb("With system memory on both pads and the classic pipeline on CUDA, upload a frame while the previous one's kernels and download run and push each frame from a second thread once its own download completes: more frames per second, but more latency per frame on the H200 (docs/benchmark.md); false = one frame at a time. Read at start")
+            .default_value(DEFAULT_OVERLAP)
+            .mutable_ready()
+            .build()),
         row!(max_device_memory => glib::ParamSpecUInt64::builder("max-device-memory")
             .nick("Max device memory")
             .blurb("Largest device arena in bytes this element may allocate (0 = no limit); a larger plan fails negotiation with an error. With a model it caps the network's activation plan (fp32 on the CPU reference)")

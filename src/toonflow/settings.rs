@@ -81,6 +81,10 @@ impl From<ModelRange> for ValueRange {
 
 pub const DEFAULT_DEVICE_ID: u32 = 0;
 pub const DEFAULT_CUDA_GRAPH: bool = true;
+/// `overlap`: a frame's upload overlaps the previous frame's kernels and download (issue 12).
+/// Off: on the H200 it raised the frame rate by 23–61% but added latency per frame, also for a
+/// source paced below the element's capacity (docs/benchmark.md).
+pub const DEFAULT_OVERLAP: bool = false;
 pub const DEFAULT_MAX_DEVICE_MEMORY: u64 = 0;
 pub const DEFAULT_STATS_INTERVAL: u32 = 0;
 pub const DEFAULT_MODEL_SCALE: f64 = 1.0;
@@ -124,6 +128,7 @@ pub struct Settings {
     pub precision: PrecisionChoice,
     pub stage: StageParams,
     pub cuda_graph: bool,
+    pub overlap: bool,
     pub max_device_memory: u64,
     pub stats_interval: u32,
     pub model: ModelSettings,
@@ -137,6 +142,7 @@ impl Default for Settings {
             precision: PrecisionChoice::default(),
             stage: StageParams::default(),
             cuda_graph: DEFAULT_CUDA_GRAPH,
+            overlap: DEFAULT_OVERLAP,
             max_device_memory: DEFAULT_MAX_DEVICE_MEMORY,
             stats_interval: DEFAULT_STATS_INTERVAL,
             model: ModelSettings::default(),

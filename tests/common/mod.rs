@@ -235,11 +235,19 @@ pub fn harness(width: usize, height: usize, props: &[(&str, &dyn ToValue)]) -> g
 
 /// Pushes one frame and returns the output frame.
 pub fn push_frame(h: &mut gst_check::Harness, frame: &Nv12) -> Nv12 {
-    // The harness pushes synchronously, so the output is queued when push returns: no pull
-    // timeout can cut short a slow (CPU, large) frame.
     h.push(frame.to_buffer()).expect("push");
-    let out = h.try_pull().expect("output buffer");
+    let out = pull_output(h);
     Nv12::from_buffer(&out, &frame.caps())
+}
+
+/// The next output buffer of a harness after a push. The harness pushes synchronously, so
+/// without overlap the output is queued when push returns (no pull timeout can cut short a slow
+/// CPU frame); with overlap (CUDA, or its CPU emulation) the push thread pushes it once its
+/// GPU work completes, shortly after.
+pub fn pull_output(h: &mut gst_check::Harness) -> gst::Buffer {
+    h.try_pull()
+        .or_else(|| h.pull().ok())
+        .expect("output buffer")
 }
 
 /// Runs a single frame through a fresh CPU element.

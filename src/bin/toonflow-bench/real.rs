@@ -58,6 +58,9 @@ enum Feed {
     Push {
         frames: Vec<gst::Buffer>,
         fresh: bool,
+        /// Frames per second the application keeps to (`--pace`), as a live source would;
+        /// `None`: as fast as the pipeline takes them.
+        pace: Option<f64>,
     },
 }
 
@@ -130,9 +133,14 @@ fn measure(
         }
         std::thread::scope(|scope| {
             for (p, _, _, feed) in &running {
-                if let Feed::Push { frames, fresh } = feed {
+                if let Feed::Push {
+                    frames,
+                    fresh,
+                    pace,
+                } = feed
+                {
                     let src = p.by_name("src").unwrap();
-                    scope.spawn(move || push_frames(&src, frames, *fresh, total));
+                    scope.spawn(move || push_frames(&src, frames, *fresh, *pace, total));
                 }
             }
             let (lock, cv) = &*done;
@@ -188,10 +196,28 @@ fn measure(
     result
 }
 
-/// The application thread of a `Feed::Push` pipeline; stops at the first refused push.
-fn push_frames(src: &gst::Element, frames: &[gst::Buffer], fresh: bool, total: usize) {
+/// The application thread of a `Feed::Push` pipeline; stops at the first refused push. With
+/// `pace`, frames are pushed 1 / pace seconds apart, as a live source would; a push that comes
+/// back late moves the schedule on (no burst to catch up).
+fn push_frames(
+    src: &gst::Element,
+    frames: &[gst::Buffer],
+    fresh: bool,
+    pace: Option<f64>,
+    total: usize,
+) {
     let frame_duration = gst::ClockTime::from_nseconds(33_333_333);
+    let mut due = Instant::now();
     for i in 0..total {
+        if let Some(fps) = pace {
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            } else {
+                due = now;
+            }
+            due += Duration::from_secs_f64(1.0 / fps);
+        }
         let template = &frames[i % frames.len()];
         let mut b = if fresh {
             template.copy_deep().expect("copy")
@@ -261,6 +287,7 @@ pub fn run_mode(
     toonflow_props: &str,
     count: usize,
     deadline: Duration,
+    pace: Option<f64>,
 ) -> Result<Vec<Measured>, String> {
     let size = format!("format=NV12,width={w},height={h}");
     let caps = format!("video/x-raw,{size},framerate=30/1");
@@ -279,6 +306,7 @@ pub fn run_mode(
             Feed::Push {
                 frames: frames.to_vec(),
                 fresh,
+                pace,
             },
         )
     };
