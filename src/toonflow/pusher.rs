@@ -15,9 +15,9 @@
 //! - Dropping the pusher finishes (discards) what is queued and joins the thread.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the thread does with an item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,21 +196,50 @@ impl<T: Send + 'static> Drop for Pusher<T> {
     }
 }
 
+/// The environment variable that sets how long, in µs, the push thread polls a frame's event
+/// before it sleeps on it ([`DEFAULT_SPIN_US`] unset; 0 sleeps at once).
+pub const SPIN_VAR: &str = "TOONFLOW_OVERLAP_SPIN_US";
+
+/// Two milliseconds: longer than a 1080p frame's GPU work with the one before it (~0.5 ms), so
+/// at real-time rates the push thread wakes by polling, as the synchronous path does in
+/// `cuStreamSynchronize` (the driver spins there too while cores are free); a sleeping
+/// thread's wake-up cost ~0.1 ms of latency per frame on the H200.
+pub const DEFAULT_SPIN_US: u64 = 2000;
+
+static SPIN: LazyLock<Duration> = LazyLock::new(|| {
+    let us = std::env::var(SPIN_VAR)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_SPIN_US);
+    Duration::from_micros(us)
+});
+
 /// When a frame's work is finished.
 pub enum Completion {
-    /// Its last CUDA event (recorded with blocking sync: the waiting thread sleeps).
+    /// Its last CUDA event (recorded with blocking sync: a thread that waits on it sleeps).
     Cuda(Arc<cudarc::driver::CudaEvent>),
     /// At this instant (the CPU emulation of the overlap path, for tests without a GPU).
     At(Instant),
 }
 
 impl Completion {
-    /// Blocks until the frame is finished.
+    /// Blocks until the frame is finished. A CUDA frame is polled for up to [`SPIN_VAR`] µs,
+    /// the core yielded between polls, before the thread sleeps on its event.
     pub fn wait(&self) -> Result<(), String> {
         match self {
-            Completion::Cuda(event) => event
-                .synchronize()
-                .map_err(|e| format!("waiting for a frame's GPU work: {e}")),
+            Completion::Cuda(event) => {
+                let started = Instant::now();
+                while started.elapsed() < *SPIN {
+                    match event.try_is_complete() {
+                        Ok(true) => return Ok(()),
+                        Ok(false) => std::thread::yield_now(),
+                        Err(e) => return Err(format!("polling a frame's GPU work: {e}")),
+                    }
+                }
+                event
+                    .synchronize()
+                    .map_err(|e| format!("waiting for a frame's GPU work: {e}"))
+            }
             Completion::At(at) => {
                 let now = Instant::now();
                 if *at > now {
