@@ -118,13 +118,13 @@ fn assert_in_order(out: &[gst::Buffer], n: usize, what: &str) {
 }
 
 #[test]
-fn the_overlap_property_is_documented_and_off_by_default() {
+fn the_overlap_property_is_documented_and_on_by_default() {
     setup();
     let el = gst::ElementFactory::make("toonflow").build().unwrap();
     let pspec = el.find_property("overlap").expect("overlap property");
     assert!(pspec.blurb().is_some_and(|b| b.len() > 40));
     assert_eq!(pspec.nick(), "Overlap frames");
-    assert!(!el.property::<bool>("overlap"));
+    assert!(el.property::<bool>("overlap"));
 }
 
 #[test]
