@@ -45,7 +45,7 @@ fn every_property_is_documented_with_its_default() {
         ("temporal-strength", 0.6f32.to_value()),
         ("device-id", 0u32.to_value()),
         ("cuda-graph", true.to_value()),
-        ("overlap", false.to_value()),
+        ("overlap", true.to_value()),
         ("max-device-memory", 0u64.to_value()),
         ("stats-interval", 0u32.to_value()),
     ];
