@@ -56,6 +56,9 @@ struct Pending {
     /// Held until the upload has read it (an upstream pool must not reuse it before).
     inbuf: gst::Buffer,
     done: Completion,
+    /// When `generate_output` took the input: the frame's time in the stats runs to its
+    /// completion, as the synchronous path's covers its whole processing.
+    arrived: Instant,
 }
 
 /// How a frame went.
@@ -278,6 +281,13 @@ impl Toonflow {
             move |p: Pending, disposal| {
                 let waited = p.done.wait();
                 drop(p.inbuf);
+                if waited.is_ok()
+                    && disposal == Disposal::Push
+                    && let Some(element) = weak.upgrade()
+                {
+                    let us = p.arrived.elapsed().as_secs_f64() * 1e6;
+                    element.imp().stats.lock().record_time(us);
+                }
                 if let Err(e) = waited {
                     if let Some(element) = weak.upgrade() {
                         gst::element_error!(
@@ -340,8 +350,8 @@ impl Toonflow {
     fn record_all(&self, outcomes: &[FrameOutcome], geometry: FrameGeometry) {
         for outcome in outcomes {
             self.log_scene_cut(outcome);
-            let host_us = outcome.gpu.map_or(0.0, |g| g.host_time_us);
-            self.record(outcome, host_us, geometry);
+            // (its time comes from the push thread)
+            self.record(outcome, None, geometry);
         }
     }
 
@@ -357,7 +367,7 @@ impl Toonflow {
     }
 
     /// Counts a frame and posts `toonflow-stats` when one is due.
-    fn record(&self, outcome: &FrameOutcome, elapsed_us: f64, geometry: FrameGeometry) {
+    fn record(&self, outcome: &FrameOutcome, elapsed_us: Option<f64>, geometry: FrameGeometry) {
         let interval = self.settings.lock().stats_interval;
         let message = {
             let mut stats = self.stats.lock();
@@ -693,6 +703,7 @@ impl BaseTransformImpl for Toonflow {
         let Some(inbuf) = self.take_queued_buffer() else {
             return Ok(GenerateOutputSuccess::NoOutput);
         };
+        let arrived = Instant::now();
         // An earlier frame's push failed (NOT_LINKED, EOS, FLUSHING...): this frame returns it.
         pusher.wait_room()?;
         let mut outbuf = match self.parent_prepare_output_buffer(InputBuffer::Readable(&inbuf))? {
@@ -711,6 +722,7 @@ impl BaseTransformImpl for Toonflow {
                     outbuf,
                     inbuf,
                     done,
+                    arrived,
                 });
                 Ok(GenerateOutputSuccess::NoOutput)
             }
@@ -850,7 +862,7 @@ impl Toonflow {
             gst::FlowError::Error
         })?;
         self.log_scene_cut(&outcome);
-        self.record(&outcome, elapsed_us, geometry);
+        self.record(&outcome, Some(elapsed_us), geometry);
         if let Some(delay) = emulate {
             return Ok(Ran::Queued(Completion::At(Instant::now() + delay)));
         }

@@ -62,12 +62,14 @@ impl Stats {
         self.model = name.to_string();
     }
 
-    /// Counts one processed frame. Returns whether a `toonflow-stats` message is due after it
-    /// (`interval` > 0 and the frame count a multiple of it).
+    /// Counts one processed frame, with its time when known here (the overlap path's push
+    /// thread gives it later, [`record_time`](Self::record_time)). Returns whether a
+    /// `toonflow-stats` message is due after it (`interval` > 0 and the frame count a multiple
+    /// of it).
     pub fn record(
         &mut self,
         outcome: &FrameOutcome,
-        elapsed_us: f64,
+        elapsed_us: Option<f64>,
         geometry: FrameGeometry,
         interval: u32,
     ) -> bool {
@@ -78,7 +80,9 @@ impl Stats {
         self.history_used = report.history_used;
         self.width = geometry.width as u32;
         self.height = geometry.height as u32;
-        self.times.push(elapsed_us);
+        if let Some(us) = elapsed_us {
+            self.times.push(us);
+        }
         if let Some(gpu) = outcome.gpu {
             self.gpu = gpu;
         }
@@ -86,6 +90,11 @@ impl Stats {
             self.neural = neural;
         }
         interval > 0 && self.frames.is_multiple_of(interval as u64)
+    }
+
+    /// A frame's time from its arrival to its completion (the overlap path's push thread).
+    pub fn record_time(&mut self, elapsed_us: f64) {
+        self.times.push(elapsed_us);
     }
 
     /// Counts one frame skipped as late (QoS).
@@ -168,7 +177,7 @@ mod tests {
             network_width: 64,
             network_height: 64,
         });
-        s.record(&o, 1.0, g, 0);
+        s.record(&o, Some(1.0), g, 0);
         let snap = s.snapshot();
         assert_eq!(snap.get::<&str>("model").unwrap(), "tiny");
         assert_eq!(snap.get::<u32>("stages").unwrap(), 12);
@@ -185,7 +194,7 @@ mod tests {
             height: 48,
         };
         let due: Vec<bool> = (0..6)
-            .map(|i| s.record(&outcome(i == 2, None), 100.0 + i as f64, g, 3))
+            .map(|i| s.record(&outcome(i == 2, None), Some(100.0 + i as f64), g, 3))
             .collect();
         assert_eq!(due, [false, false, true, false, false, true]);
         let snap = s.snapshot();
@@ -201,6 +210,19 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_without_its_time_is_counted_and_timed_later() {
+        gst::init().unwrap();
+        let g = FrameGeometry::new(64, 48).unwrap();
+        let mut s = Stats::default();
+        s.record(&outcome(false, None), None, g, 0);
+        let snap = s.snapshot();
+        assert_eq!(snap.get::<u64>("frames").unwrap(), 1);
+        assert_eq!(snap.get::<f64>("p50-us").unwrap(), 0.0);
+        s.record_time(250.0);
+        assert_eq!(s.snapshot().get::<f64>("p50-us").unwrap(), 250.0);
+    }
+
+    #[test]
     fn dropped_frames_are_counted_apart_from_processed_ones() {
         gst::init().unwrap();
         let mut s = Stats::new("cpu");
@@ -208,14 +230,14 @@ mod tests {
             width: 2,
             height: 2,
         };
-        s.record(&outcome(false, None), 1.0, g, 0);
+        s.record(&outcome(false, None), Some(1.0), g, 0);
         s.record_dropped();
         s.record_dropped();
         let snap = s.snapshot();
         assert_eq!(snap.get::<u64>("frames").unwrap(), 1);
         assert_eq!(snap.get::<u64>("dropped").unwrap(), 2);
         // and a message is still due by processed frames only
-        assert!(s.record(&outcome(false, None), 1.0, g, 2));
+        assert!(s.record(&outcome(false, None), Some(1.0), g, 2));
     }
 
     #[test]
@@ -231,8 +253,8 @@ mod tests {
             arena_bytes: 4096,
             ..Default::default()
         };
-        assert!(!s.record(&outcome(false, Some(gpu)), 1.0, g, 0));
-        assert!(!s.record(&outcome(false, None), 1.0, g, 0));
+        assert!(!s.record(&outcome(false, Some(gpu)), Some(1.0), g, 0));
+        assert!(!s.record(&outcome(false, None), Some(1.0), g, 0));
         let snap = s.snapshot();
         assert_eq!(snap.get::<u32>("launches").unwrap(), 7);
         assert_eq!(snap.get::<u64>("arena-bytes").unwrap(), 4096);
