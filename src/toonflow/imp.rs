@@ -862,7 +862,8 @@ impl Toonflow {
             gst::FlowError::Error
         })?;
         self.log_scene_cut(&outcome);
-        self.record(&outcome, Some(elapsed_us), geometry);
+        // An emulated overlap frame's time comes from the push thread, as a CUDA one's does.
+        self.record(&outcome, emulate.is_none().then_some(elapsed_us), geometry);
         if let Some(delay) = emulate {
             return Ok(Ran::Queued(Completion::At(Instant::now() + delay)));
         }
