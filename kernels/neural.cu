@@ -10,9 +10,10 @@
 //   nn_conv_<in><out>  direct convolution on CUDA cores: Pad (reflect/edge/constant) and the
 //                      convolution's zero padding folded into the index math, bias and the
 //                      activation in the epilogue; NN_CONV_OCB output channels per thread
-//   nn_conv_mma_<in><out>_<nt>  the same on tensor cores (sm_80+, implicit GEMM, below), which
-//                      can also fold the Resize or layout Transpose before it into its gather
-//                      and the output Transpose after it into its epilogue
+//   nn_conv_mma_<in><out>_<nt>[_cl]  the same on tensor cores (sm_80+, implicit GEMM, below),
+//                      which can also fold the Resize or layout Transpose before it into its
+//                      gather and the output Transpose after it into its epilogue; _cl gathers
+//                      a channels-last (NHWC) fp16 input in 16-byte loads
 //   nn_moments         per-channel mean and variance (double sums; the last block of a channel
 //                      finishes it) and the temporal statistics smoother
 //   nn_norm_apply      InstanceNormalization's (x - mean) / sqrt(var + eps) * scale + bias, act
@@ -125,19 +126,29 @@ __device__ __forceinline__ NnBilinear nn_taps(const int* ty, const int* tx, int 
     return b;
 }
 
-// One resized value of the plane at base: along H first, then W, as the CPU reference does.
-__device__ __forceinline__ float nn_resize_value(unsigned long long x, int half, long long base,
-                                                 const NnBilinear& b)
+// The blend of a resized value's four taps: along H first, then W, as the CPU reference does
+// (the row-1 taps only count when wy1 is not 0).
+__device__ __forceinline__ float nn_blend(float a0, float a1, float b0, float b1, const NnBilinear& b)
 {
-    float a0 = nn_load(x, base + b.o00, half);
-    float a1 = nn_load(x, base + b.o01, half);
     if (b.wy1 != 0.0f) {
-        float b0 = nn_load(x, base + b.o10, half);
-        float b1 = nn_load(x, base + b.o11, half);
         a0 = b.wy0 * a0 + b.wy1 * b0;
         a1 = b.wy0 * a1 + b.wy1 * b1;
     }
     return b.wx1 != 0.0f ? b.wx0 * a0 + b.wx1 * a1 : a0;
+}
+
+// One resized value of the plane at base.
+__device__ __forceinline__ float nn_resize_value(unsigned long long x, int half, long long base,
+                                                 const NnBilinear& b)
+{
+    const float a0 = nn_load(x, base + b.o00, half);
+    const float a1 = nn_load(x, base + b.o01, half);
+    float b0 = 0.0f, b1 = 0.0f;
+    if (b.wy1 != 0.0f) {
+        b0 = nn_load(x, base + b.o10, half);
+        b1 = nn_load(x, base + b.o11, half);
+    }
+    return nn_blend(a0, a1, b0, b1, b);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -271,19 +282,74 @@ __device__ __forceinline__ int2 nn_tc_source(const NnConv* __restrict__ p, int p
 // pairs: read through a folded Resize's taps (rounded to fp16 as the Resize's own output
 // would be), from the fp32 input (its layout Transpose folded; rounded to fp16 as the
 // Transpose's output would be) or from the fp16 input.
+// Eight fp16 values (one 16-byte load) as floats.
+__device__ __forceinline__ void nn_unpack8(uint4 q, float f[8])
+{
+    const unsigned int w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = half_bits_to_float((unsigned short)(w[i] & 0xffffu));
+        f[2 * i + 1] = half_bits_to_float((unsigned short)(w[i] >> 16));
+    }
+}
+
+// Channels-last fp16 input (the producer was a tensor-core convolution; the host makes a value
+// channels-last only with a multiple of 16 channels): a chunk of 16 channels of one pixel is
+// 32 contiguous, aligned bytes, two 16-byte loads (direct) or two per tap (a folded Resize).
+__device__ __forceinline__ void nn_tc_fetch_nhwc(const NnConv* __restrict__ p, int kc, int2 at,
+                                                 unsigned int v[8])
+{
+    const unsigned short* __restrict__ x = (const unsigned short*)p->x + kc * 16;
+    if (!p->rs_taps) {
+        const uint4* src = (const uint4*)(x + (long long)at.x * p->x_rs + (long long)at.y * p->x_ps);
+        const uint4 q0 = __ldg(src), q1 = __ldg(src + 1);
+        v[0] = q0.x; v[1] = q0.y; v[2] = q0.z; v[3] = q0.w;
+        v[4] = q1.x; v[5] = q1.y; v[6] = q1.z; v[7] = q1.w;
+        return;
+    }
+    // the tap tables hold element offsets of a plane of rs_w; here they are pixel offsets
+    const NnBilinear tp = nn_taps((const int*)p->rs_taps + 4 * at.x,
+                                  (const int*)p->rs_taps + 4 * (p->h + at.y), p->rs_w);
+    const long long ps = p->x_ps;
+#pragma unroll
+    for (int half8 = 0; half8 < 2; half8++) {
+        float a0[8], a1[8], b0[8], b1[8];
+        nn_unpack8(__ldg((const uint4*)(x + tp.o00 * ps) + half8), a0);
+        nn_unpack8(__ldg((const uint4*)(x + tp.o01 * ps) + half8), a1);
+        if (tp.wy1 != 0.0f) {
+            nn_unpack8(__ldg((const uint4*)(x + tp.o10 * ps) + half8), b0);
+            nn_unpack8(__ldg((const uint4*)(x + tp.o11 * ps) + half8), b1);
+        } else {
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                b0[c] = b1[c] = 0.0f;
+        }
+#pragma unroll
+        for (int c2 = 0; c2 < 4; c2++) {
+            const int c = 2 * c2;
+            v[half8 * 4 + c2] = nn_pack2(float_to_half_bits(nn_blend(a0[c], a1[c], b0[c], b1[c], tp)),
+                                         float_to_half_bits(nn_blend(a0[c + 1], a1[c + 1], b0[c + 1], b1[c + 1], tp)));
+        }
+    }
+}
+
 __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc, int2 at,
                                             unsigned int v[8])
 {
     const int cin = p->cin;
     unsigned short h[16];
     if (p->rs_taps) {
-        const NnBilinear tp = nn_taps((const int*)p->rs_taps + 4 * at.x,
-                                  (const int*)p->rs_taps + 4 * (p->h + at.y), p->rs_w);
-        const long long rplane = (long long)p->rs_h * p->rs_w;
+        // (element offsets of a plane of rs_w: pixel offsets, scaled by x_ps when channels-last)
+        NnBilinear tp = nn_taps((const int*)p->rs_taps + 4 * at.x,
+                                (const int*)p->rs_taps + 4 * (p->h + at.y), p->rs_w);
+        tp.o00 *= p->x_ps;
+        tp.o01 *= p->x_ps;
+        tp.o10 *= p->x_ps;
+        tp.o11 *= p->x_ps;
 #pragma unroll 4
         for (int c = 0; c < 16; c++) {
             const int ic = kc * 16 + c;
-            h[c] = ic < cin ? float_to_half_bits(nn_resize_value(p->x, 1, ic * rplane, tp)) : (unsigned short)0;
+            h[c] = ic < cin ? float_to_half_bits(nn_resize_value(p->x, 1, (long long)ic * p->x_cs, tp)) : (unsigned short)0;
         }
     } else {
         const long long off = (long long)at.x * p->x_rs + (long long)at.y * p->x_ps;
@@ -308,7 +374,7 @@ __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc
         v[c2] = nn_pack2(h[2 * c2], h[2 * c2 + 1]);
 }
 
-template <typename O, int NT>
+template <typename O, int NT, bool CHANNELS_LAST>
 __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 {
 #if __CUDA_ARCH__ >= 800
@@ -353,7 +419,10 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             const int2 at = source[e];
             unsigned int v[8];
             if (at.x >= 0) {
-                nn_tc_fetch(p, kc, at, v);
+                if (CHANNELS_LAST)
+                    nn_tc_fetch_nhwc(p, kc, at, v);
+                else
+                    nn_tc_fetch(p, kc, at, v);
             } else {
                 const unsigned short fill = at.x == -1 ? (unsigned short)0 : fill_bits;
 #pragma unroll
@@ -403,30 +472,47 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     if (oy >= p->oh)
         return;
     const long long row = (long long)oy * p->y_rs;
+    // channels-last fp16 output with an even channel count: a lane's two channels of a pixel
+    // are adjacent, one 4-byte store
+    const bool pairs = sizeof(typename O::T) == 2 && p->y_cs == 1 && !p->res && (p->cout & 1) == 0;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
         if (n >= ntn)
             continue;
+        const int oc0 = (nt0 + n) * 8 + 2 * t;
+        if (oc0 >= p->cout)
+            continue;
+        float bias[2];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int oc = (nt0 + n) * 8 + 2 * t + j;
-            if (oc >= p->cout)
-                continue;
-            const float bias = p->b ? ((const float*)p->b)[oc] : 0.0f;
+        for (int j = 0; j < 2; j++)
+            bias[j] = (p->b && oc0 + j < p->cout) ? ((const float*)p->b)[oc0 + j] : 0.0f;
 #pragma unroll
-            for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < 2; m++) {
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int ox = ox0 + m * 16 + g + 8 * r;
-                    if (ox >= p->ow)
-                        continue;
-                    float v = nn_activate(acc[m][n][2 * r + j] + bias, p->act, p->act_a, p->act_b);
+            for (int r = 0; r < 2; r++) {
+                const int ox = ox0 + m * 16 + g + 8 * r;
+                if (ox >= p->ow)
+                    continue;
+                float v[2];
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    v[j] = nn_activate(acc[m][n][2 * r + j] + bias[j], p->act, p->act_a, p->act_b);
                     if (p->y_round) // a folded output Transpose or Add after an fp16-stored stage
-                        v = half_bits_to_float(float_to_half_bits(v));
-                    const long long at = (long long)oc * p->y_cs + row + (long long)ox * p->y_ps;
-                    if (p->res) // a folded residual Add: this thread alone reads and writes `at`
-                        v += nn_load(p->res, at, p->res_half);
-                    O::store(y, at, v);
+                        v[j] = half_bits_to_float(float_to_half_bits(v[j]));
+                }
+                const long long at0 = (long long)oc0 * p->y_cs + row + (long long)ox * p->y_ps;
+                if (pairs) {
+                    *(unsigned int*)(y + at0) = nn_pack2(float_to_half_bits(v[0]), float_to_half_bits(v[1]));
+                    continue;
+                }
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    if (oc0 + j >= p->cout)
+                        continue;
+                    const long long at = at0 + (long long)j * p->y_cs;
+                    // a folded residual Add: this thread alone reads and writes `at`
+                    const float sum = p->res ? v[j] + nn_load(p->res, at, p->res_half) : v[j];
+                    O::store(y, at, sum);
                 }
             }
         }
@@ -434,14 +520,22 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 #endif
 }
 
-extern "C" __global__ void nn_conv_mma_hf_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1>(p); }
-extern "C" __global__ void nn_conv_mma_hf_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2>(p); }
-extern "C" __global__ void nn_conv_mma_hf_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4>(p); }
-extern "C" __global__ void nn_conv_mma_hf_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8>(p); }
-extern "C" __global__ void nn_conv_mma_hh_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1>(p); }
-extern "C" __global__ void nn_conv_mma_hh_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2>(p); }
-extern "C" __global__ void nn_conv_mma_hh_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4>(p); }
-extern "C" __global__ void nn_conv_mma_hh_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8>(p); }
+extern "C" __global__ void nn_conv_mma_hf_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, false>(p); }
+extern "C" __global__ void nn_conv_mma_hf_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, false>(p); }
+extern "C" __global__ void nn_conv_mma_hf_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, false>(p); }
+extern "C" __global__ void nn_conv_mma_hf_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8, false>(p); }
+extern "C" __global__ void nn_conv_mma_hh_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, false>(p); }
+extern "C" __global__ void nn_conv_mma_hh_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, false>(p); }
+extern "C" __global__ void nn_conv_mma_hh_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, false>(p); }
+extern "C" __global__ void nn_conv_mma_hh_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, false>(p); }
+extern "C" __global__ void nn_conv_mma_hf_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, true>(p); }
+extern "C" __global__ void nn_conv_mma_hf_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, true>(p); }
+extern "C" __global__ void nn_conv_mma_hf_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, true>(p); }
+extern "C" __global__ void nn_conv_mma_hf_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8, true>(p); }
+extern "C" __global__ void nn_conv_mma_hh_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, true>(p); }
+extern "C" __global__ void nn_conv_mma_hh_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, true>(p); }
+extern "C" __global__ void nn_conv_mma_hh_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, true>(p); }
+extern "C" __global__ void nn_conv_mma_hh_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, true>(p); }
 
 extern "C" __global__ void nn_conv_ff(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF32>(p); }
 extern "C" __global__ void nn_conv_fh(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF16>(p); }

@@ -439,6 +439,64 @@ fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
     );
 }
 
+/// Activations that only tensor-core convolutions write and read are stored channels-last, so
+/// their gathers load 16 channels of a pixel in two 16-byte loads (no GPU needed to plan): on
+/// both generated models some convolutions gather channels-last; every channels-last value has
+/// a multiple of 16 channels; no normalization reads one (its statistics kernel reads NCHW);
+/// none in fp32.
+#[test]
+fn tensor_core_chains_store_channels_last() {
+    use gsttoonflow::cuda::neural::program::{Kernel, build};
+    let mut models: Vec<NeuralModel> = generated().into_iter().map(|m| m.0).collect();
+    models.extend(real_tiny());
+    for model in &models {
+        let spec = model.specialise(96, 160).unwrap();
+        for half in [true, false] {
+            let p = build(&spec, &Storage::uniform(spec.stage_count(), half), 0, 0).unwrap();
+            let cl_convs = p
+                .launches
+                .iter()
+                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, true)))
+                .count();
+            let cl_values: Vec<(usize, u32)> = p
+                .stage_outputs
+                .iter()
+                .enumerate()
+                .flat_map(|(i, o)| {
+                    o.iter()
+                        .filter_map(move |p| p.channels_last.map(|c| (i, c)))
+                })
+                .collect();
+            println!(
+                "{} fp{}: {cl_convs} channels-last gathers, {} channels-last stage outputs",
+                model.name(),
+                if half { 16 } else { 32 },
+                cl_values.len()
+            );
+            if !half {
+                assert_eq!(cl_convs + cl_values.len(), 0);
+                continue;
+            }
+            assert!(cl_convs > 0, "{}: no channels-last gather", model.name());
+            for &(_, c) in &cl_values {
+                assert_eq!(c % 16, 0);
+            }
+            let l = spec.lowered();
+            for s in l.stages.iter().filter(|s| s.stats.is_some()) {
+                let x = &s.stats.as_ref().unwrap().input;
+                let producer = l.stages.iter().position(|p| p.outputs.contains(x));
+                if let Some(i) = producer {
+                    assert!(
+                        p.stage_outputs[i].iter().all(|p| p.channels_last.is_none()),
+                        "{}: a normalization reads channels-last stage {i}",
+                        model.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The normalizations' elementwise chains take nn_eltwise's affine path (no GPU needed to plan).
 #[test]
 fn normalization_chains_take_the_affine_path() {

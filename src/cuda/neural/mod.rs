@@ -683,7 +683,7 @@ impl NeuralGpu {
                 .map_err(driver("stage output download"))?;
         }
         self.synchronize()?;
-        Ok(if p.half {
+        let values: Vec<f32> = if p.half {
             raw.chunks_exact(2)
                 .map(|b| half_to_f32(u16::from_le_bytes([b[0], b[1]])))
                 .collect()
@@ -691,6 +691,11 @@ impl NeuralGpu {
             raw.chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect()
+        };
+        // observers see NCHW, as the CPU reference holds it
+        Ok(match p.channels_last {
+            Some(c) => program::channels_first(&values, c as usize),
+            None => values,
         })
     }
 
@@ -728,11 +733,13 @@ impl NeuralGpu {
                             addr: sp.mean,
                             half: false,
                             elements: sp.channels as u64,
+                            channels_last: None,
                         })?;
                         let var = self.read_place(program::Place {
                             addr: sp.var,
                             half: false,
                             elements: sp.channels as u64,
+                            channels_last: None,
                         })?;
                         stats(k, &mean, &var);
                     }

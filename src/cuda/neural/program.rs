@@ -306,9 +306,11 @@ pub fn header() -> String {
 pub enum Kernel {
     /// Convolution with (input half, output half).
     Conv(bool, bool),
-    /// Tensor-core convolution (fp16 input) with output half and 8-channel tiles per block
-    /// (1, 2, 4 or 8: the accumulators a thread holds).
-    ConvMma(bool, u8),
+    /// Tensor-core convolution (fp16 input) with output half, 8-channel tiles per block (1, 2,
+    /// 4 or 8: the accumulators a thread holds) and whether its input is channels-last fp16
+    /// (the gather's 16-byte loads; a kernel of its own, so the general gather's registers do
+    /// not cost it occupancy).
+    ConvMma(bool, u8, bool),
     Moments,
     NormApply,
     Eltwise,
@@ -324,14 +326,22 @@ impl Kernel {
             Kernel::Conv(false, true) => "nn_conv_fh",
             Kernel::Conv(true, false) => "nn_conv_hf",
             Kernel::Conv(true, true) => "nn_conv_hh",
-            Kernel::ConvMma(false, 1) => "nn_conv_mma_hf_1",
-            Kernel::ConvMma(false, 2) => "nn_conv_mma_hf_2",
-            Kernel::ConvMma(false, 4) => "nn_conv_mma_hf_4",
-            Kernel::ConvMma(false, _) => "nn_conv_mma_hf_8",
-            Kernel::ConvMma(true, 1) => "nn_conv_mma_hh_1",
-            Kernel::ConvMma(true, 2) => "nn_conv_mma_hh_2",
-            Kernel::ConvMma(true, 4) => "nn_conv_mma_hh_4",
-            Kernel::ConvMma(true, _) => "nn_conv_mma_hh_8",
+            Kernel::ConvMma(false, 1, false) => "nn_conv_mma_hf_1",
+            Kernel::ConvMma(false, 1, true) => "nn_conv_mma_hf_1_cl",
+            Kernel::ConvMma(false, 2, false) => "nn_conv_mma_hf_2",
+            Kernel::ConvMma(false, 2, true) => "nn_conv_mma_hf_2_cl",
+            Kernel::ConvMma(false, 4, false) => "nn_conv_mma_hf_4",
+            Kernel::ConvMma(false, 4, true) => "nn_conv_mma_hf_4_cl",
+            Kernel::ConvMma(false, _, false) => "nn_conv_mma_hf_8",
+            Kernel::ConvMma(false, _, true) => "nn_conv_mma_hf_8_cl",
+            Kernel::ConvMma(true, 1, false) => "nn_conv_mma_hh_1",
+            Kernel::ConvMma(true, 1, true) => "nn_conv_mma_hh_1_cl",
+            Kernel::ConvMma(true, 2, false) => "nn_conv_mma_hh_2",
+            Kernel::ConvMma(true, 2, true) => "nn_conv_mma_hh_2_cl",
+            Kernel::ConvMma(true, 4, false) => "nn_conv_mma_hh_4",
+            Kernel::ConvMma(true, 4, true) => "nn_conv_mma_hh_4_cl",
+            Kernel::ConvMma(true, _, false) => "nn_conv_mma_hh_8",
+            Kernel::ConvMma(true, _, true) => "nn_conv_mma_hh_8_cl",
             Kernel::Moments => "nn_moments",
             Kernel::NormApply => "nn_norm_apply",
             Kernel::Eltwise => "nn_eltwise",
@@ -343,7 +353,7 @@ impl Kernel {
 }
 
 /// Every kernel of kernels/neural.cu, by name.
-pub const KERNEL_NAMES: [&str; 18] = [
+pub const KERNEL_NAMES: [&str; 26] = [
     "nn_conv_mma_hf_1",
     "nn_conv_mma_hf_2",
     "nn_conv_mma_hf_4",
@@ -352,6 +362,14 @@ pub const KERNEL_NAMES: [&str; 18] = [
     "nn_conv_mma_hh_2",
     "nn_conv_mma_hh_4",
     "nn_conv_mma_hh_8",
+    "nn_conv_mma_hf_1_cl",
+    "nn_conv_mma_hf_2_cl",
+    "nn_conv_mma_hf_4_cl",
+    "nn_conv_mma_hf_8_cl",
+    "nn_conv_mma_hh_1_cl",
+    "nn_conv_mma_hh_2_cl",
+    "nn_conv_mma_hh_4_cl",
+    "nn_conv_mma_hh_8_cl",
     "nn_conv_ff",
     "nn_conv_fh",
     "nn_conv_hf",
@@ -383,6 +401,9 @@ pub struct Place {
     pub addr: u64,
     pub half: bool,
     pub elements: u64,
+    /// `Some(c)`: stored channels-last (NHWC, c channels), a value that only tensor-core
+    /// convolutions write and read (`channels_last_values`); `None`: NCHW.
+    pub channels_last: Option<u32>,
 }
 
 /// A normalize stage's statistics, for the host hook (fp32, `channels` each).
@@ -752,6 +773,108 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
     f
 }
 
+/// Values stored channels-last (NHWC): fp16 activations that a tensor-core convolution's
+/// epilogue writes (its own output, or a residual Add folded into it) and that only
+/// tensor-core convolutions read (their gather, directly or through a folded Resize, or the
+/// other addend of a folded residual Add), with a channel count that keeps a pixel's 16-channel
+/// chunks whole. Their gathers are then two 16-byte loads per pixel and chunk (the other
+/// kernels read NCHW, so any other reader keeps a value NCHW). A folded Add's addend and output
+/// share the epilogue's index, so they are channels-last together or not at all.
+fn channels_last_values(
+    l: &Lowered,
+    storage: &Storage,
+    half_of: &HashMap<String, bool>,
+    folds: &Folds,
+) -> HashMap<String, u32> {
+    let mut out = HashMap::new();
+    if !storage.tensor_cores {
+        return out;
+    }
+    let first_input = |s: &Stage| s.nodes.first().and_then(|n| n.input.first()).cloned();
+    // conv stages on the tensor cores, as `build` decides: fp16 input or a folded gather
+    let on_tensor_cores = |i: usize| {
+        let s = &l.stages[i];
+        s.kind == StageKind::Conv
+            && conv_geometry(l, s)
+                .is_some_and(|(k, st, dil, groups)| groups == 1 && tc_tile_fits(k, st, dil))
+            && (folds.input.contains_key(&i)
+                || first_input(s).is_some_and(|x| half_of.get(&x) == Some(&true)))
+    };
+    // stage i reads `v` only where a tensor-core convolution's kernel does
+    let tensor_core_reader = |i: usize, v: &str| {
+        let s = &l.stages[i];
+        if s.inputs.iter().filter(|x| *x == v).count() != 1 {
+            return false;
+        }
+        if s.kind == StageKind::Conv {
+            return first_input(s).as_deref() == Some(v)
+                && on_tensor_cores(i)
+                && !folds.input.contains_key(&i);
+        }
+        let resize_folded = folds
+            .input
+            .get(&(i + 1))
+            .is_some_and(|&(r, g)| r == i && g == Gather::Resize);
+        let addend_folded = folds
+            .residual
+            .values()
+            .any(|(add, skip)| *add == i && skip == v);
+        (resize_folded && first_input(s).as_deref() == Some(v)) || addend_folded
+    };
+    // what tensor-core epilogues write
+    let mut written = Vec::new();
+    for (i, s) in l.stages.iter().enumerate() {
+        if !on_tensor_cores(i) || folds.output.contains_key(&i) || s.outputs.len() != 1 {
+            continue;
+        }
+        written.push(match folds.residual.get(&i) {
+            Some((add, _)) => l.stages[*add].outputs[0].clone(),
+            None => s.outputs[0].clone(),
+        });
+    }
+    for v in written {
+        let Some(&[1, c, _, _]) = l.shapes.get(&v).map(Vec::as_slice) else {
+            continue;
+        };
+        if v == l.output || half_of.get(&v) != Some(&true) || c % 16 != 0 {
+            continue;
+        }
+        let mut readers = l
+            .stages
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.inputs.contains(&v))
+            .map(|(j, _)| j)
+            .peekable();
+        if readers.peek().is_some() && readers.all(|j| tensor_core_reader(j, &v)) {
+            out.insert(v, c as u32);
+        }
+    }
+    // a folded Add's addend and output: both or neither
+    loop {
+        let split = folds.residual.values().find_map(|(add, skip)| {
+            let sum = &l.stages[*add].outputs[0];
+            (out.contains_key(sum) != out.contains_key(skip)).then(|| (sum.clone(), skip.clone()))
+        });
+        let Some((sum, skip)) = split else { break };
+        out.remove(&sum);
+        out.remove(&skip);
+    }
+    out
+}
+
+/// A channels-last (NHWC) tensor of `channels` channels as NCHW.
+pub fn channels_first(values: &[f32], channels: usize) -> Vec<f32> {
+    let pixels = values.len() / channels.max(1);
+    let mut out = vec![0.0; values.len()];
+    for (p, pixel) in values.chunks_exact(channels).enumerate() {
+        for (c, &v) in pixel.iter().enumerate() {
+            out[c * pixels + p] = v;
+        }
+    }
+    out
+}
+
 /// Elementwise stages that write their output over an input of theirs (output → that input):
 /// an input of the same shape and storage whose last reader is this stage. Each thread of
 /// `nn_eltwise` reads all its operands' elements before it writes the same elements of the
@@ -905,6 +1028,7 @@ pub fn build(
     };
     let stored = |v: &str| !stat_values.contains_key(v) && !not_stored.contains_key(v);
     let in_place = in_place_outputs(l, &half_of, &stored, &last);
+    let channels_last = channels_last_values(l, storage, &half_of, &folds);
     let mut requests = vec![BufferRequest {
         name: l.input.clone(),
         bytes: bytes_of(&l.input),
@@ -957,6 +1081,7 @@ pub fn build(
                 addr: arena_base + b.offset,
                 half: half_of.get(&b.name) == Some(&true),
                 elements: elements(&b.name),
+                channels_last: channels_last.get(&b.name).copied(),
             },
         );
     }
@@ -1012,6 +1137,7 @@ pub fn build(
                             addr,
                             half: false,
                             elements: c,
+                            channels_last: None,
                         },
                     );
                 }
@@ -1036,6 +1162,7 @@ pub fn build(
                     addr,
                     half: false,
                     elements: t.data.len() as u64,
+                    channels_last: None,
                 });
             }
             Err(unsupported(
@@ -1233,18 +1360,26 @@ pub fn build(
                     mma || (resize.is_none() && !nhwc && !y_nhwc && res.is_none()),
                     "a folded stage needs tensor cores"
                 );
-                let (h, w) = (xs[2] as i32, xs[3] as i32);
-                let (x_cs, x_rs, x_ps) = if nhwc {
-                    (1, w * cin as i32, cin as i32)
-                } else {
-                    (h * w, w, 1)
+                debug_assert!(
+                    mma || (x.channels_last.is_none() && y.channels_last.is_none()),
+                    "a channels-last value needs tensor cores"
+                );
+                // the strides of what the gather reads: the input, or a folded Resize's input
+                let (h, w) = match &resize {
+                    Some((_, rs)) => (rs[2] as i32, rs[3] as i32),
+                    None => (xs[2] as i32, xs[3] as i32),
                 };
-                let (oh, ow) = (ys[2] as i32, ys[3] as i32);
-                let (y_cs, y_rs, y_ps) = if y_nhwc {
-                    (1, ow * cout as i32, cout as i32)
-                } else {
-                    (oh * ow, ow, 1)
+                let channels_last_strides = |h: i32, w: i32, c: i32, nhwc: bool| {
+                    if nhwc { (1, w * c, c) } else { (h * w, w, 1) }
                 };
+                let (x_cs, x_rs, x_ps) =
+                    channels_last_strides(h, w, cin as i32, nhwc || x.channels_last.is_some());
+                let (y_cs, y_rs, y_ps) = channels_last_strides(
+                    ys[2] as i32,
+                    ys[3] as i32,
+                    cout as i32,
+                    y_nhwc || y.channels_last.is_some(),
+                );
                 let cin_pad = cin.div_ceil(16) * 16;
                 let n_tiles = cout.div_ceil(8);
                 let wh = if mma {
@@ -1312,7 +1447,7 @@ pub fn build(
                     let nt = tc_channel_tiles(n_tiles as u32, gx * gy);
                     let grid = (gx, gy, (n_tiles as u32).div_ceil(nt));
                     blocks.push((
-                        Kernel::ConvMma(y.half, nt as u8),
+                        Kernel::ConvMma(y.half, nt as u8, x.channels_last.is_some()),
                         bytemuck::bytes_of(&p).to_vec(),
                         grid,
                         (32 * TC_ROWS, 1, 1),
@@ -1959,6 +2094,14 @@ pub fn launches_per_frame(program: &Program) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn channels_first_undoes_channels_last() {
+        // 2 pixels x 3 channels, NHWC → NCHW
+        let nhwc = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        assert_eq!(channels_first(&nhwc, 3), [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+        assert_eq!(channels_first(&nhwc, 1), nhwc);
+    }
 
     #[test]
     fn channel_tiles_cover_cout_and_split_small_launches() {
