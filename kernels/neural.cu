@@ -13,7 +13,8 @@
 //   nn_conv_mma_<in><out>_<nt>[_cl]  the same on tensor cores (sm_80+, implicit GEMM, below),
 //                      which can also fold the Resize or layout Transpose before it into its
 //                      gather and the output Transpose after it into its epilogue; _cl gathers
-//                      a channels-last (NHWC) fp16 input in 16-byte loads
+//                      a channels-last (NHWC) fp16 input in 16-byte loads, _tp packs several
+//                      horizontal taps of a few-channel input (the stem) into one K chunk
 //   nn_moments         per-channel mean and variance (double sums; the last block of a channel
 //                      finishes it) and the temporal statistics smoother
 //   nn_norm_apply      InstanceNormalization's (x - mean) / sqrt(var + eps) * scale + bias, act
@@ -374,7 +375,52 @@ __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc
         v[c2] = nn_pack2(h[2 * c2], h[2 * c2 + 1]);
 }
 
-template <typename O, int NT, bool CHANNELS_LAST>
+// Tap-packed gather (a layer of few input channels, e.g. the 3-channel stem; one K chunk): tile
+// pixel t holds `pack` horizontal taps of cin channels side by side (halves j * cin + c: the
+// table's pixel t + j * dw, those past the kernel's width meeting zero weights), the rest
+// zero. Each table pixel is read once and scattered into the pack tile pixels that hold it;
+// the tile was zeroed with the table's writes.
+__device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p, const int2* source,
+                                                    unsigned short* tile, int rows, int cols,
+                                                    int scols, unsigned short fill_bits)
+{
+    const int cin = p->cin;
+    for (int se = threadIdx.x; se < rows * scols; se += blockDim.x) {
+        const int r = se / scols, sc = se - r * scols;
+        const int2 at = source[se];
+        const long long off = (long long)at.x * p->x_rs + (long long)at.y * p->x_ps;
+        unsigned short h[8];
+#pragma unroll
+        for (int c = 0; c < 8; c++) {
+            if (c >= cin)
+                h[c] = 0;
+            else if (at.x == -1)
+                h[c] = 0;
+            else if (at.x == -2)
+                h[c] = fill_bits;
+            else if (p->x_f32)
+                h[c] = float_to_half_bits(__ldg((const float*)p->x + off + (long long)c * p->x_cs));
+            else
+                h[c] = __ldg((const unsigned short*)p->x + off + (long long)c * p->x_cs);
+        }
+        for (int j = 0; j < p->pack; j++) {
+            const int tc = sc - j * p->dw;
+            if (tc < 0 || tc >= cols)
+                continue;
+            unsigned short* dst = tile + (r * cols + tc) * NN_TC_PIX + j * cin;
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                if (c < cin)
+                    dst[c] = h[c];
+        }
+    }
+}
+
+#define NN_GATHER_PLANAR 0
+#define NN_GATHER_CHANNELS_LAST 1
+#define NN_GATHER_TAP_PACKED 2
+
+template <typename O, int NT, int GATHER>
 __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 {
 #if __CUDA_ARCH__ >= 800
@@ -386,18 +432,28 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const int ntn = min(NT, p->n_tiles - nt0);
     const int cin = p->cin, chunks = p->cin_pad >> 4;
     // the tile: the padded-input rows and columns the block's outputs read
+    // tap-packed: kw_v virtual taps of `pack` real ones each, dw_v apart; the table reaches
+    // pack - 1 taps further right than the tile
+    const int pack = GATHER == NN_GATHER_TAP_PACKED ? p->pack : 1;
+    const int kw_v = (p->kw + pack - 1) / pack, dw_v = p->dw * pack;
     const int rows = (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
-    const int cols = (NN_TC_COLS - 1) * p->sw + (p->kw - 1) * p->dw + 1;
+    const int cols = (NN_TC_COLS - 1) * p->sw + (kw_v - 1) * dw_v + 1;
+    const int scols = cols + (pack - 1) * p->dw;
     const int npx = rows * cols;
     const int py0 = oy0 * p->sh - p->conv_pt, px0 = ox0 * p->sw - p->conv_pl;
     const uint2* __restrict__ wf = (const uint2*)p->wh;
     const unsigned short fill_bits = float_to_half_bits(p->pad_value);
-    // the pixel table sits after the tile (npx * 48 bytes, a multiple of 16)
+    // the pixel table (rows x scols) sits after the tile (npx * 48 bytes, a multiple of 16)
     int2* source = (int2*)(tile + npx * NN_TC_PIX);
-    for (int e = threadIdx.x; e < npx; e += blockDim.x) {
-        const int r = e / cols;
-        source[e] = nn_tc_source(p, py0 + r, px0 + (e - r * cols));
+    for (int e = threadIdx.x; e < rows * scols; e += blockDim.x) {
+        const int r = e / scols;
+        source[e] = nn_tc_source(p, py0 + r, px0 + (e - r * scols));
     }
+    if (GATHER == NN_GATHER_TAP_PACKED) // the halves no tap fills stay zero
+        for (int e = threadIdx.x; e < npx; e += blockDim.x) {
+            uint4* dst = (uint4*)(tile + e * NN_TC_PIX);
+            dst[0] = dst[1] = make_uint4(0, 0, 0, 0);
+        }
     float acc[2][NT][4];
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -410,16 +466,18 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         nn_smem_addr(tile) +
         (unsigned int)(((warp * p->sh * cols + (lane & 15) * p->sw) * NN_TC_PIX + (lane >> 4) * 8) * 2);
     const unsigned int m_step = 16 * p->sw * NN_TC_PIX * 2;
-    const unsigned int kx_step = p->dw * NN_TC_PIX * 2;
+    const unsigned int kx_step = dw_v * NN_TC_PIX * 2;
     const unsigned int ky_step = p->dh * cols * NN_TC_PIX * 2;
     const long long tap_step = (long long)chunks * p->n_tiles * 32;
     for (int kc = 0; kc < chunks; kc++) {
         __syncthreads(); // the previous chunk's reads (and the table's writes) are done
-        for (int e = threadIdx.x; e < npx; e += blockDim.x) {
-            const int2 at = source[e];
+        if (GATHER == NN_GATHER_TAP_PACKED)
+            nn_tc_gather_packed(p, source, tile, rows, cols, scols, fill_bits);
+        for (int e = threadIdx.x; GATHER != NN_GATHER_TAP_PACKED && e < npx; e += blockDim.x) {
             unsigned int v[8];
+            const int2 at = source[e];
             if (at.x >= 0) {
-                if (CHANNELS_LAST)
+                if (GATHER == NN_GATHER_CHANNELS_LAST)
                     nn_tc_fetch_nhwc(p, kc, at, v);
                 else
                     nn_tc_fetch(p, kc, at, v);
@@ -440,7 +498,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         const uint2* wt = wf + ((long long)kc * p->n_tiles + nt0) * 32 + lane;
         for (int ky = 0; ky < p->kh; ky++) {
             unsigned int addr = lane_addr + ky * ky_step;
-            for (int kx = 0; kx < p->kw; kx++, addr += kx_step, wt += tap_step) {
+            for (int kx = 0; kx < kw_v; kx++, addr += kx_step, wt += tap_step) {
                 uint2 b[NT];
 #pragma unroll
                 for (int n = 0; n < NT; n++)
@@ -520,22 +578,26 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 #endif
 }
 
-extern "C" __global__ void nn_conv_mma_hf_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, false>(p); }
-extern "C" __global__ void nn_conv_mma_hf_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, false>(p); }
-extern "C" __global__ void nn_conv_mma_hf_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, false>(p); }
-extern "C" __global__ void nn_conv_mma_hf_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8, false>(p); }
-extern "C" __global__ void nn_conv_mma_hh_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, false>(p); }
-extern "C" __global__ void nn_conv_mma_hh_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, false>(p); }
-extern "C" __global__ void nn_conv_mma_hh_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, false>(p); }
-extern "C" __global__ void nn_conv_mma_hh_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, false>(p); }
-extern "C" __global__ void nn_conv_mma_hf_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, true>(p); }
-extern "C" __global__ void nn_conv_mma_hf_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, true>(p); }
-extern "C" __global__ void nn_conv_mma_hf_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, true>(p); }
-extern "C" __global__ void nn_conv_mma_hf_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8, true>(p); }
-extern "C" __global__ void nn_conv_mma_hh_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, true>(p); }
-extern "C" __global__ void nn_conv_mma_hh_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, true>(p); }
-extern "C" __global__ void nn_conv_mma_hh_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, true>(p); }
-extern "C" __global__ void nn_conv_mma_hh_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, true>(p); }
+extern "C" __global__ void nn_conv_mma_hf_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void nn_conv_mma_hf_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void nn_conv_mma_hf_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void nn_conv_mma_hf_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void nn_conv_mma_hh_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void nn_conv_mma_hh_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void nn_conv_mma_hh_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void nn_conv_mma_hh_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void nn_conv_mma_hf_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void nn_conv_mma_hf_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void nn_conv_mma_hf_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void nn_conv_mma_hf_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void nn_conv_mma_hh_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void nn_conv_mma_hh_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void nn_conv_mma_hh_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void nn_conv_mma_hh_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void nn_conv_mma_hh_1_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TAP_PACKED>(p); }
+extern "C" __global__ void nn_conv_mma_hh_2_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TAP_PACKED>(p); }
+extern "C" __global__ void nn_conv_mma_hh_4_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TAP_PACKED>(p); }
+extern "C" __global__ void nn_conv_mma_hh_8_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_TAP_PACKED>(p); }
 
 extern "C" __global__ void nn_conv_ff(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF32>(p); }
 extern "C" __global__ void nn_conv_fh(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF16>(p); }

@@ -443,10 +443,10 @@ fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
 /// their gathers load 16 channels of a pixel in two 16-byte loads (no GPU needed to plan): on
 /// both generated models some convolutions gather channels-last; every channels-last value has
 /// a multiple of 16 channels; no normalization reads one (its statistics kernel reads NCHW);
-/// none in fp32.
+/// none in fp32. The 3-channel 7x7 stem packs its horizontal taps into K chunks.
 #[test]
 fn tensor_core_chains_store_channels_last() {
-    use gsttoonflow::cuda::neural::program::{Kernel, build};
+    use gsttoonflow::cuda::neural::program::{Kernel, MmaGather, build};
     let mut models: Vec<NeuralModel> = generated().into_iter().map(|m| m.0).collect();
     models.extend(real_tiny());
     for model in &models {
@@ -456,7 +456,12 @@ fn tensor_core_chains_store_channels_last() {
             let cl_convs = p
                 .launches
                 .iter()
-                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, true)))
+                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::ChannelsLast)))
+                .count();
+            let packed = p
+                .launches
+                .iter()
+                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::TapPacked)))
                 .count();
             let cl_values: Vec<(usize, u32)> = p
                 .stage_outputs
@@ -468,16 +473,19 @@ fn tensor_core_chains_store_channels_last() {
                 })
                 .collect();
             println!(
-                "{} fp{}: {cl_convs} channels-last gathers, {} channels-last stage outputs",
+                "{} fp{}: {cl_convs} channels-last gathers, {packed} tap-packed, {} channels-last \
+                 stage outputs",
                 model.name(),
                 if half { 16 } else { 32 },
                 cl_values.len()
             );
             if !half {
-                assert_eq!(cl_convs + cl_values.len(), 0);
+                assert_eq!(cl_convs + packed + cl_values.len(), 0);
                 continue;
             }
             assert!(cl_convs > 0, "{}: no channels-last gather", model.name());
+            // the 3-channel stem packs its taps (and the generated models' few-channel layers)
+            assert!(packed >= 1, "{}: the stem's taps not packed", model.name());
             for &(_, c) in &cl_values {
                 assert_eq!(c % 16, 0);
             }

@@ -132,8 +132,10 @@ pub struct NnConv {
     pub y_round: i32,
     /// Whether `res` is fp16.
     pub res_half: i32,
-    /// Keeps the block a multiple of 8 bytes.
-    pub reserved: i32,
+    /// Tensor-core path: horizontal taps packed side by side into one 16-wide K chunk (a
+    /// layer of few input channels, `tap_pack`), 1 when not packed; `wh` is laid out for
+    /// ceil(kw / pack) virtual taps of pack * cin channels.
+    pub pack: i32,
 }
 }
 
@@ -301,16 +303,27 @@ pub fn header() -> String {
     )
 }
 
+/// How a tensor-core convolution gathers its input tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MmaGather {
+    /// Any layout by strides (NCHW, the network's NHWC input, a folded Resize), 16 channels
+    /// of a pixel per K chunk.
+    Planar,
+    /// A channels-last fp16 input (`channels_last_values`): 16-byte loads.
+    ChannelsLast,
+    /// Several horizontal taps of a few-channel input per K chunk (`tap_pack`).
+    TapPacked,
+}
+
 /// The kernels a program launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
     /// Convolution with (input half, output half).
     Conv(bool, bool),
     /// Tensor-core convolution (fp16 input) with output half, 8-channel tiles per block (1, 2,
-    /// 4 or 8: the accumulators a thread holds) and whether its input is channels-last fp16
-    /// (the gather's 16-byte loads; a kernel of its own, so the general gather's registers do
-    /// not cost it occupancy).
-    ConvMma(bool, u8, bool),
+    /// 4 or 8: the accumulators a thread holds) and its gather (each a kernel of its own, so
+    /// one gather's registers do not cost another occupancy).
+    ConvMma(bool, u8, MmaGather),
     Moments,
     NormApply,
     Eltwise,
@@ -326,22 +339,26 @@ impl Kernel {
             Kernel::Conv(false, true) => "nn_conv_fh",
             Kernel::Conv(true, false) => "nn_conv_hf",
             Kernel::Conv(true, true) => "nn_conv_hh",
-            Kernel::ConvMma(false, 1, false) => "nn_conv_mma_hf_1",
-            Kernel::ConvMma(false, 1, true) => "nn_conv_mma_hf_1_cl",
-            Kernel::ConvMma(false, 2, false) => "nn_conv_mma_hf_2",
-            Kernel::ConvMma(false, 2, true) => "nn_conv_mma_hf_2_cl",
-            Kernel::ConvMma(false, 4, false) => "nn_conv_mma_hf_4",
-            Kernel::ConvMma(false, 4, true) => "nn_conv_mma_hf_4_cl",
-            Kernel::ConvMma(false, _, false) => "nn_conv_mma_hf_8",
-            Kernel::ConvMma(false, _, true) => "nn_conv_mma_hf_8_cl",
-            Kernel::ConvMma(true, 1, false) => "nn_conv_mma_hh_1",
-            Kernel::ConvMma(true, 1, true) => "nn_conv_mma_hh_1_cl",
-            Kernel::ConvMma(true, 2, false) => "nn_conv_mma_hh_2",
-            Kernel::ConvMma(true, 2, true) => "nn_conv_mma_hh_2_cl",
-            Kernel::ConvMma(true, 4, false) => "nn_conv_mma_hh_4",
-            Kernel::ConvMma(true, 4, true) => "nn_conv_mma_hh_4_cl",
-            Kernel::ConvMma(true, _, false) => "nn_conv_mma_hh_8",
-            Kernel::ConvMma(true, _, true) => "nn_conv_mma_hh_8_cl",
+            Kernel::ConvMma(false, 1, MmaGather::Planar) => "nn_conv_mma_hf_1",
+            Kernel::ConvMma(false, 1, MmaGather::ChannelsLast) => "nn_conv_mma_hf_1_cl",
+            Kernel::ConvMma(false, 2, MmaGather::Planar) => "nn_conv_mma_hf_2",
+            Kernel::ConvMma(false, 2, MmaGather::ChannelsLast) => "nn_conv_mma_hf_2_cl",
+            Kernel::ConvMma(false, 4, MmaGather::Planar) => "nn_conv_mma_hf_4",
+            Kernel::ConvMma(false, 4, MmaGather::ChannelsLast) => "nn_conv_mma_hf_4_cl",
+            Kernel::ConvMma(false, _, MmaGather::Planar) => "nn_conv_mma_hf_8",
+            Kernel::ConvMma(false, _, MmaGather::ChannelsLast) => "nn_conv_mma_hf_8_cl",
+            Kernel::ConvMma(true, 1, MmaGather::Planar) => "nn_conv_mma_hh_1",
+            Kernel::ConvMma(true, 1, MmaGather::ChannelsLast) => "nn_conv_mma_hh_1_cl",
+            Kernel::ConvMma(true, 2, MmaGather::Planar) => "nn_conv_mma_hh_2",
+            Kernel::ConvMma(true, 2, MmaGather::ChannelsLast) => "nn_conv_mma_hh_2_cl",
+            Kernel::ConvMma(true, 4, MmaGather::Planar) => "nn_conv_mma_hh_4",
+            Kernel::ConvMma(true, 4, MmaGather::ChannelsLast) => "nn_conv_mma_hh_4_cl",
+            Kernel::ConvMma(true, _, MmaGather::Planar) => "nn_conv_mma_hh_8",
+            Kernel::ConvMma(true, _, MmaGather::ChannelsLast) => "nn_conv_mma_hh_8_cl",
+            Kernel::ConvMma(_, 1, MmaGather::TapPacked) => "nn_conv_mma_hh_1_tp",
+            Kernel::ConvMma(_, 2, MmaGather::TapPacked) => "nn_conv_mma_hh_2_tp",
+            Kernel::ConvMma(_, 4, MmaGather::TapPacked) => "nn_conv_mma_hh_4_tp",
+            Kernel::ConvMma(_, _, MmaGather::TapPacked) => "nn_conv_mma_hh_8_tp",
             Kernel::Moments => "nn_moments",
             Kernel::NormApply => "nn_norm_apply",
             Kernel::Eltwise => "nn_eltwise",
@@ -353,7 +370,7 @@ impl Kernel {
 }
 
 /// Every kernel of kernels/neural.cu, by name.
-pub const KERNEL_NAMES: [&str; 26] = [
+pub const KERNEL_NAMES: [&str; 30] = [
     "nn_conv_mma_hf_1",
     "nn_conv_mma_hf_2",
     "nn_conv_mma_hf_4",
@@ -370,6 +387,10 @@ pub const KERNEL_NAMES: [&str; 26] = [
     "nn_conv_mma_hh_2_cl",
     "nn_conv_mma_hh_4_cl",
     "nn_conv_mma_hh_8_cl",
+    "nn_conv_mma_hh_1_tp",
+    "nn_conv_mma_hh_2_tp",
+    "nn_conv_mma_hh_4_tp",
+    "nn_conv_mma_hh_8_tp",
     "nn_conv_ff",
     "nn_conv_fh",
     "nn_conv_hf",
@@ -578,11 +599,16 @@ fn tc_tile_fits(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> bool 
     tc_tile_halves(k, stride, dil) <= TC_TILE_HALVES
 }
 
-/// Pixels of a tensor-core convolution block's input tile (its outputs and the halo its taps
-/// read).
-fn tc_tile_pixels(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usize {
+/// Rows and columns of a tensor-core convolution block's input tile (its outputs and the halo
+/// its taps read).
+fn tc_tile(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> (usize, usize) {
     let rows = (TC_ROWS as usize - 1) * stride.0 as usize + (k.0 - 1) * dil.0 as usize + 1;
     let cols = (TC_COLS as usize - 1) * stride.1 as usize + (k.1 - 1) * dil.1 as usize + 1;
+    (rows, cols)
+}
+
+fn tc_tile_pixels(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usize {
+    let (rows, cols) = tc_tile(k, stride, dil);
     rows * cols
 }
 
@@ -592,9 +618,58 @@ fn tc_tile_halves(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usi
 }
 
 /// A tensor-core convolution launch's dynamic shared memory: the tile, then the table of where
-/// each tile pixel comes from (two i32 each). Small tiles let more blocks share an SM.
-fn tc_shared_bytes(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> u32 {
-    (tc_tile_halves(k, stride, dil) * 2 + tc_tile_pixels(k, stride, dil) * 8) as u32
+/// each tile pixel comes from (two i32 each). Small tiles let more blocks share an SM. With
+/// `pack` taps packed per chunk the tile is that of ceil(kw / pack) taps pack * dw apart, and
+/// the table reaches pack - 1 taps further right.
+fn tc_shared_bytes(k: (usize, usize), stride: (i64, i64), dil: (i64, i64), pack: usize) -> u32 {
+    let (k, dil_v) = ((k.0, k.1.div_ceil(pack)), (dil.0, dil.1 * pack as i64));
+    let (rows, cols) = tc_tile(k, stride, dil_v);
+    let table_cols = cols + (pack - 1) * dil.1 as usize;
+    (rows * cols * TC_PIX * 2 + rows * table_cols * 8) as u32
+}
+
+/// Horizontal taps a tensor-core convolution packs into one 16-wide K chunk: with few input
+/// channels (a 3-channel stem pads 3 to 16, 13/16 of its tensor work multiplies zeros), as
+/// many as fit, spread evenly over the virtual taps (3 channels, 7 taps: 2 virtual taps of 4);
+/// 1 when packing saves nothing.
+pub fn tap_pack(cin: usize, kw: usize) -> usize {
+    if cin == 0 || cin > 8 || kw < 2 {
+        return 1;
+    }
+    let virtual_taps = kw.div_ceil(16 / cin);
+    kw.div_ceil(virtual_taps)
+}
+
+/// Weights of a tap-packed convolution ([cout][cin][kh][kw]) as those of the virtual one it
+/// runs: [cout][pack * cin][kh][ceil(kw / pack)], virtual channel j * cin + c of virtual tap
+/// g being tap g * pack + j of channel c (zero past kw).
+pub fn packed_weights(
+    w: &[f32],
+    cout: usize,
+    cin: usize,
+    kh: usize,
+    kw: usize,
+    pack: usize,
+) -> Vec<f32> {
+    let kw_v = kw.div_ceil(pack);
+    let cin_v = pack * cin;
+    let mut out = vec![0.0; cout * cin_v * kh * kw_v];
+    for oc in 0..cout {
+        for j in 0..pack {
+            for c in 0..cin {
+                for ky in 0..kh {
+                    for g in 0..kw_v {
+                        let kx = g * pack + j;
+                        if kx < kw {
+                            out[((oc * cin_v + j * cin + c) * kh + ky) * kw_v + g] =
+                                w[((oc * cin + c) * kh + ky) * kw + kx];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// 8-channel tiles per tensor-core block: the fewest power of two that covers `n_tiles` (at most
@@ -1380,9 +1455,20 @@ pub fn build(
                     cout as i32,
                     y_nhwc || y.channels_last.is_some(),
                 );
-                let cin_pad = cin.div_ceil(16) * 16;
+                // a few-channel input (the stem) packs several horizontal taps into a chunk,
+                // gathered by the general path's loads (not a folded Resize, fp16 output)
+                let pack = if mma && resize.is_none() && y.half && x.channels_last.is_none() {
+                    tap_pack(cin, kw)
+                } else {
+                    1
+                };
+                let cin_pad = (cin * pack).div_ceil(16) * 16;
                 let n_tiles = cout.div_ceil(8);
-                let wh = if mma {
+                let wh = if mma && pack > 1 {
+                    let w = packed_weights(&wt.data, cout, cin, kh, kw, pack);
+                    let h = mma_weights(&w, cout, cin * pack, kh * kw.div_ceil(pack));
+                    st.put(bytemuck::cast_slice(&h))
+                } else if mma {
                     st.put(bytemuck::cast_slice(&mma_weights(
                         &wt.data,
                         cout,
@@ -1437,7 +1523,7 @@ pub fn build(
                     y_ps,
                     y_round: y_round as i32,
                     res_half: res.is_some_and(|r| r.half) as i32,
-                    reserved: 0,
+                    pack: pack as i32,
                 };
                 if mma {
                     let (gx, gy) = (
@@ -1447,7 +1533,17 @@ pub fn build(
                     let nt = tc_channel_tiles(n_tiles as u32, gx * gy);
                     let grid = (gx, gy, (n_tiles as u32).div_ceil(nt));
                     blocks.push((
-                        Kernel::ConvMma(y.half, nt as u8, x.channels_last.is_some()),
+                        Kernel::ConvMma(
+                            y.half,
+                            nt as u8,
+                            if pack > 1 {
+                                MmaGather::TapPacked
+                            } else if x.channels_last.is_some() {
+                                MmaGather::ChannelsLast
+                            } else {
+                                MmaGather::Planar
+                            },
+                        ),
                         bytemuck::bytes_of(&p).to_vec(),
                         grid,
                         (32 * TC_ROWS, 1, 1),
@@ -1874,6 +1970,7 @@ pub fn build(
                     (p.kh as usize, p.kw as usize),
                     (p.sh as i64, p.sw as i64),
                     (p.dh as i64, p.dw as i64),
+                    p.pack as usize,
                 )
             }
             _ => 0,
@@ -2096,6 +2193,50 @@ mod tests {
     use super::*;
 
     #[test]
+    fn packed_taps_compute_the_same_convolution() {
+        assert_eq!(tap_pack(3, 7), 4); // 2 virtual taps of 4 (12 of 16 K values used)
+        assert_eq!(tap_pack(3, 3), 3);
+        assert_eq!(tap_pack(16, 3), 1);
+        assert_eq!(tap_pack(3, 1), 1);
+        // one output row of a 3-channel 2x7 kernel, real against virtual, on pseudo-random data
+        let (cout, cin, kh, kw, width) = (2, 3, 2, 7, 12);
+        let value = |i: usize| ((i * 7919 % 101) as f32 - 50.0) / 25.0;
+        let w: Vec<f32> = (0..cout * cin * kh * kw).map(value).collect();
+        let x: Vec<f32> = (0..cin * kh * width).map(|i| value(i + 13)).collect();
+        let at = |c: usize, y: usize, xx: usize| {
+            if xx < width {
+                x[(c * kh + y) * width + xx]
+            } else {
+                0.5
+            }
+        };
+        let pack = tap_pack(cin, kw);
+        let (kw_v, cin_v) = (kw.div_ceil(pack), cin * pack);
+        let wv = packed_weights(&w, cout, cin, kh, kw, pack);
+        for oc in 0..cout {
+            for ox in 0..width - kw + 1 {
+                let mut real = 0.0f32;
+                let mut virt = 0.0f32;
+                for ky in 0..kh {
+                    for c in 0..cin {
+                        for kx in 0..kw {
+                            real += w[((oc * cin + c) * kh + ky) * kw + kx] * at(c, ky, ox + kx);
+                        }
+                    }
+                    for g in 0..kw_v {
+                        for k in 0..cin_v {
+                            let (j, c) = (k / cin, k % cin);
+                            virt += wv[((oc * cin_v + k) * kh + ky) * kw_v + g]
+                                * at(c, ky, ox + g * pack + j);
+                        }
+                    }
+                }
+                assert!((real - virt).abs() < 1e-4, "{oc} {ox}: {real} vs {virt}");
+            }
+        }
+    }
+
+    #[test]
     fn channels_first_undoes_channels_last() {
         // 2 pixels x 3 channels, NHWC → NCHW
         let nhwc = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
@@ -2166,7 +2307,7 @@ mod tests {
     #[test]
     fn shared_memory_holds_the_tile_and_its_source_table() {
         // 3x3 stride 1: 6 rows x 34 columns, 48 bytes of tile and 8 of table per pixel
-        assert_eq!(tc_shared_bytes((3, 3), (1, 1), (1, 1)), 6 * 34 * 56);
+        assert_eq!(tc_shared_bytes((3, 3), (1, 1), (1, 1), 1), 6 * 34 * 56);
         // the largest tile that takes the tensor cores still fits 48 KiB without opt-in
         const { assert!(TC_TILE_HALVES * 2 + TC_TILE_HALVES / TC_PIX * 8 <= 48 * 1024) };
     }
