@@ -8,6 +8,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result};
 
 use super::GpuFrameStats;
 use super::abi::{CONTROL_OFFSET, TfControl, TfFrame};
+use super::alloc::{DeviceBlock, allocate};
 use super::context::{context, describe, guard, memory_info};
 use super::copy::{Rows, copy_2d, copy_d2h, copy_h2d};
 use super::error::{CudaError, MemoryShortfall, driver};
@@ -232,7 +233,7 @@ struct Overlap {
     slots: Vec<FlightSlot>,
     ring: SlotRing,
     /// The landing slot: one packed NV12 frame.
-    landing: Arena,
+    landing: DeviceBlock,
     copy: Arc<CudaStream>,
 }
 
@@ -252,27 +253,8 @@ impl Overlap {
                 plan.arena_bytes
             )));
         }
-        let (free, _) = memory_info(ctx)?;
-        if frame_bytes > free {
-            return Err(CudaError::out_of_memory(format!(
-                "overlap's landing slot needs {frame_bytes} bytes, the device has {free} free"
-            )));
-        }
+        let landing = allocate(ctx, frame_bytes, "overlap's landing slot")?;
         guard("setting up overlap", || {
-            ctx.bind_to_thread()
-                .map_err(driver("binding the context"))?;
-            // SAFETY: the context is current on this thread; the result is checked.
-            let ptr = unsafe { result::malloc_sync(frame_bytes as usize) }.map_err(|e| {
-                CudaError::OutOfMemory(MemoryShortfall {
-                    message: format!("cuMemAlloc of {frame_bytes} bytes for the landing slot"),
-                    source: Some(e),
-                })
-            })?;
-            let landing = Arena {
-                ptr,
-                bytes: frame_bytes,
-                ctx: ctx.clone(),
-            };
             let copy = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
             let ev = |flags| ctx.new_event(Some(flags)).map_err(driver("cuEventCreate"));
             let timing = sys::CUevent_flags::CU_EVENT_DEFAULT;
