@@ -11,8 +11,7 @@ use super::abi::{CONTROL_OFFSET, TfControl, TfFrame};
 use super::alloc::{DeviceBlock, allocate};
 use super::context::{context, describe, guard, memory_info};
 use super::copy::{Rows, copy_2d, copy_d2h, copy_h2d};
-use super::error::{CudaError, MemoryShortfall, driver};
-use super::fault::{Fault, injected};
+use super::error::{CudaError, driver};
 use super::graph::{GraphCache, GraphKey, OwnedGraph, Ran};
 use super::kernels::{Kernels, kernels};
 use super::launch::{DevicePtrs, clear_statistics, enqueue_frame};
@@ -116,70 +115,25 @@ pub enum FrameTarget<'a, 'b> {
     Device(DeviceNv12),
 }
 
-/// The one device allocation of a pipeline.
-struct Arena {
-    ptr: CUdeviceptr,
-    bytes: u64,
-    ctx: Arc<CudaContext>,
-}
-
-impl Drop for Arena {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: `ptr` came from `malloc_sync` in this context and is freed only here; the
-        // pipeline drops every graph addressing it first and synchronises each frame.
-        let _ = unsafe { result::free_sync(self.ptr) };
-    }
-}
-
-/// Allocates and zeroes an arena of `bytes` for `plan` (`TOONFLOW_CUDA_FAULT=alloc` asks the
-/// driver for four times the free memory instead, a real allocation failure).
+/// Allocates and zeroes an arena of `bytes` for `plan` (see [`allocate`] for its errors and the
+/// injected alloc fault).
 fn allocate_arena(
     ctx: &Arc<CudaContext>,
     stream: &Arc<CudaStream>,
     plan: &MemoryPlan,
     bytes: u64,
-) -> Result<Arena, CudaError> {
-    let (free, _) = memory_info(ctx)?;
-    let ask = if injected(Fault::Alloc) {
-        free.saturating_mul(4)
-    } else {
-        bytes
-    };
-    if bytes > free {
-        return Err(CudaError::out_of_memory(format!(
-            "the memory plan for {} needs {} bytes, the device has {} bytes free",
-            plan.label, bytes, free
-        )));
-    }
-    guard("cuMemAlloc", || {
-        ctx.bind_to_thread()
-            .map_err(driver("binding the context"))?;
-        // SAFETY: the context is current on this thread; the result is checked.
-        let ptr = unsafe { result::malloc_sync(ask as usize) }.map_err(|e| {
-            CudaError::OutOfMemory(MemoryShortfall {
-                message: format!(
-                    "cuMemAlloc of {ask} bytes for the memory plan of {} failed",
-                    plan.label
-                ),
-                source: Some(e),
-            })
-        })?;
-        let arena = Arena {
-            ptr,
-            bytes,
-            ctx: ctx.clone(),
-        };
-        // SAFETY: `ptr` is a fresh allocation of at least `bytes` bytes in this context.
+) -> Result<DeviceBlock, CudaError> {
+    let arena = allocate(ctx, bytes, &format!("the memory plan for {}", plan.label))?;
+    guard("zeroing the arena", || {
+        // SAFETY: `arena` is a fresh allocation of `bytes` bytes in this context, which
+        // `allocate` left current.
         unsafe {
-            result::memset_d8_async(ptr, 0, bytes as usize, stream.cu_stream())
+            result::memset_d8_async(arena.ptr, 0, bytes as usize, stream.cu_stream())
                 .map_err(driver("cuMemsetD8Async"))?;
         }
-        stream
-            .synchronize()
-            .map_err(driver("cuStreamSynchronize"))?;
-        Ok(arena)
-    })
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    })?;
+    Ok(arena)
 }
 
 /// Layout of the page-locked staging block: parameters and control go up in one copy, the
@@ -303,7 +257,7 @@ pub struct CudaPipeline {
     cache: GraphCache<GraphKey, OwnedGraph>,
     /// `None` only after a shape change failed to allocate: frames are refused until a
     /// [`CudaPipeline::set_shape`] succeeds.
-    arena: Option<Arena>,
+    arena: Option<DeviceBlock>,
     host: PinnedHostBuffer,
     /// Uploads of pageable frames, staged in bands by `staging_threads` threads (made on the
     /// first pageable frame; 0 threads: the driver stages them).
