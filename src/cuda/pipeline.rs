@@ -160,6 +160,39 @@ fn geometry_error(got: FrameGeometry, want: FrameGeometry) -> CudaError {
     ))
 }
 
+/// Writes the parameter block and the frame's control into the page-locked `host` block and
+/// queues their upload into `dst` on `stream`: one async copy.
+///
+/// # Safety
+/// `dst` holds CONTROL_OFFSET + TfControl bytes (the plan's "params" buffer), and `host` is
+/// neither written nor freed before the copy has run.
+unsafe fn queue_params(
+    stream: sys::CUstream,
+    host: &mut PinnedHostBuffer,
+    params: &ToonParams,
+    reset: bool,
+    dst: CUdeviceptr,
+) -> Result<(), CudaError> {
+    let control = TfControl {
+        reset: reset as i32,
+        pad: [0; 3],
+    };
+    let params_bytes = bytemuck::bytes_of(params);
+    host[HOST_PARAMS..HOST_PARAMS + params_bytes.len()].copy_from_slice(params_bytes);
+    host[HOST_CONTROL..HOST_CONTROL_END].copy_from_slice(bytemuck::bytes_of(&control));
+    // SAFETY: `host` is page-locked and holds HOST_CONTROL_END bytes; the caller guarantees
+    // the rest (see above).
+    unsafe {
+        copy_h2d(
+            stream,
+            host.as_ptr().add(HOST_PARAMS),
+            dst,
+            HOST_CONTROL_END - HOST_PARAMS,
+        )
+    }
+    .map_err(driver("parameter upload"))
+}
+
 /// A frame in flight on the overlap path: what its host slot remembers until its completion
 /// is seen.
 #[derive(Debug, Clone, Copy, Default)]
@@ -647,14 +680,6 @@ impl CudaPipeline {
         }
         let landing = ov.landing.ptr;
         let slot = &mut ov.slots[i];
-        let control = TfControl {
-            reset: self.reset_pending as i32,
-            pad: [0; 3],
-        };
-        let params_bytes = bytemuck::bytes_of(params);
-        slot.host[HOST_PARAMS..HOST_PARAMS + params_bytes.len()].copy_from_slice(params_bytes);
-        slot.host[HOST_CONTROL..HOST_CONTROL_END].copy_from_slice(bytemuck::bytes_of(&control));
-
         slot.ev[0].record(&copy).map_err(driver("cuEventRecord"))?;
         self.upload_host(copy.cu_stream(), input, landing, false)?;
         slot.ev[1].record(&copy).map_err(driver("cuEventRecord"))?;
@@ -663,16 +688,16 @@ impl CudaPipeline {
         s.wait(&slot.ev[1]).map_err(driver("cuStreamWaitEvent"))?;
         slot.ev[2].record(&s).map_err(driver("cuEventRecord"))?;
         // SAFETY: the slot's page-locked block is not written again before its frame is seen
-        // complete (the ring hands it out again only then); "params" holds CONTROL_OFFSET +
-        // TfControl bytes; the landing slot and "nv12-in" both hold a packed frame.
+        // complete (the ring hands it out again only then); "params" is the plan's parameter
+        // buffer; the landing slot and "nv12-in" both hold a packed frame.
         unsafe {
-            copy_h2d(
+            queue_params(
                 cs,
-                slot.host.as_ptr().add(HOST_PARAMS),
+                &mut slot.host,
+                params,
+                self.reset_pending,
                 self.ptrs.params,
-                HOST_CONTROL_END - HOST_PARAMS,
-            )
-            .map_err(driver("parameter upload"))?;
+            )?;
             result::memcpy_dtod_async(self.ptrs.nv12_in, landing, frame_bytes, cs)
                 .map_err(driver("landing slot copy"))?;
         }
@@ -888,26 +913,17 @@ impl CudaPipeline {
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
 
-        // Parameter block + control, one async copy from page-locked memory.
-        let control = TfControl {
-            reset: self.reset_pending as i32,
-            pad: [0; 3],
-        };
-        let params_bytes = bytemuck::bytes_of(params);
-        self.host[HOST_PARAMS..HOST_PARAMS + params_bytes.len()].copy_from_slice(params_bytes);
-        self.host[HOST_CONTROL..HOST_CONTROL_END].copy_from_slice(bytemuck::bytes_of(&control));
-        // SAFETY: the staging block is page-locked and lives in `self` (the copy is finished by
-        // the synchronisation below); the parameter buffer holds CONTROL_OFFSET + TfControl
-        // bytes (the plan's "params" buffer).
+        // SAFETY: the staging block lives in `self` and is not written again before the
+        // synchronisation below; "params" is the plan's parameter buffer.
         unsafe {
-            copy_h2d(
+            queue_params(
                 cs,
-                self.host.as_ptr().add(HOST_PARAMS),
+                &mut self.host,
+                params,
+                self.reset_pending,
                 self.ptrs.params,
-                HOST_CONTROL_END - HOST_PARAMS,
-            )
-            .map_err(driver("parameter upload"))?;
-        }
+            )?
+        };
         self.events[0].record(&s).map_err(driver("cuEventRecord"))?;
         let frame_bytes = (w * h + w * ch) as u64;
         let (y_bytes, arena_in, arena_out) = (
