@@ -193,6 +193,21 @@ unsafe fn queue_params(
     .map_err(driver("parameter upload"))
 }
 
+/// Time from `a` to `b` in µs (0 when the driver cannot tell).
+fn elapsed_us(a: &CudaEvent, b: &CudaEvent) -> f64 {
+    a.elapsed_ms(b).map(|v| v as f64 * 1e3).unwrap_or(0.0)
+}
+
+/// The analysis report in a staging block's frame block (TfFrame), once its download is done.
+fn read_report(host: &PinnedHostBuffer) -> FrameReport {
+    let fb: TfFrame = bytemuck::pod_read_unaligned(&host[HOST_FRAME..HOST_FRAME_END]);
+    FrameReport {
+        scene_cut: fb.scene_cut != 0,
+        scene_score: fb.scene_score,
+        history_used: fb.history_used.max(0) as usize,
+    }
+}
+
 /// A frame in flight on the overlap path: what its host slot remembers until its completion
 /// is seen.
 #[derive(Debug, Clone, Copy, Default)]
@@ -792,48 +807,45 @@ impl CudaPipeline {
             {
                 break;
             }
-            let ms = |a: &CudaEvent, b: &CudaEvent| {
-                a.elapsed_ms(b).map(|v| v as f64 * 1e3).unwrap_or(0.0)
-            };
-            let up = ms(&slot.ev[0], &slot.ev[1]);
-            let device_copy = ms(&slot.ev[2], &slot.ev[3]);
-            let gpu = ms(&slot.ev[3], &slot.ev[4]);
-            let down = ms(&slot.ev[4], &slot.done);
-            let fb: TfFrame = bytemuck::pod_read_unaligned(&slot.host[HOST_FRAME..HOST_FRAME_END]);
-            let frame = slot.frame;
-            ov.ring.finish_oldest();
-            self.frames += 1;
-            if self.frames % 64 == 1 {
-                self.device_free = memory_info(&self.ctx)
-                    .map(|m| m.0)
-                    .unwrap_or(self.device_free);
-            }
             let bytes = (self.shape.width * self.shape.height * 3 / 2) as u64;
-            self.stats = GpuFrameStats {
-                gpu_time_us: gpu,
-                transfer_time_us: up + down,
-                launches: frame.launches,
-                graph_replayed: frame.replayed,
-                arena_bytes: self.plan.arena_bytes + ov.landing.bytes,
-                peak_live_bytes: self.plan.peak_live_bytes,
-                device_free_bytes: self.device_free,
-                host_time_us: frame.host_time_us,
-                upload_time_us: up,
-                download_time_us: down,
+            let frame = GpuFrameStats {
+                gpu_time_us: elapsed_us(&slot.ev[3], &slot.ev[4]),
+                launches: slot.frame.launches,
+                graph_replayed: slot.frame.replayed,
+                host_time_us: slot.frame.host_time_us,
+                upload_time_us: elapsed_us(&slot.ev[0], &slot.ev[1]),
+                download_time_us: elapsed_us(&slot.ev[4], &slot.done),
                 upload_bytes: bytes,
                 download_bytes: bytes,
-                device_copy_time_us: device_copy,
+                device_copy_time_us: elapsed_us(&slot.ev[2], &slot.ev[3]),
+                ..GpuFrameStats::default()
             };
-            out.push((
-                FrameReport {
-                    scene_cut: fb.scene_cut != 0,
-                    scene_score: fb.scene_score,
-                    history_used: fb.history_used.max(0) as usize,
-                },
-                self.stats,
-            ));
+            let report = read_report(&slot.host);
+            ov.ring.finish_oldest();
+            out.push((report, self.count_frame(frame, ov.landing.bytes)));
         }
         Ok(out)
+    }
+
+    /// Counts a completed frame and keeps its figures as the last frame's: `frame`'s own (times
+    /// from its events, bytes, launches) completed with the transfer time (upload + download),
+    /// the plan's arena plus `beside_arena` bytes (the overlap path's landing slot), its peak and
+    /// the free device memory (queried every 64 frames).
+    fn count_frame(&mut self, frame: GpuFrameStats, beside_arena: u64) -> GpuFrameStats {
+        self.frames += 1;
+        if self.frames % 64 == 1 {
+            self.device_free = memory_info(&self.ctx)
+                .map(|m| m.0)
+                .unwrap_or(self.device_free);
+        }
+        self.stats = GpuFrameStats {
+            transfer_time_us: frame.upload_time_us + frame.download_time_us,
+            arena_bytes: self.plan.arena_bytes + beside_arena,
+            peak_live_bytes: self.plan.peak_live_bytes,
+            device_free_bytes: self.device_free,
+            ..frame
+        };
+        self.stats
     }
 
     /// Refuses frames the pipeline cannot take now: no arena, parameters of another shape, planes
@@ -1002,16 +1014,10 @@ impl CudaPipeline {
         s.synchronize().map_err(driver("cuStreamSynchronize"))?;
         self.reset_pending = false;
 
-        let fb: TfFrame = bytemuck::pod_read_unaligned(&self.host[HOST_FRAME..HOST_FRAME_END]);
-        let ms = |a: usize, b: usize| {
-            self.events[a]
-                .elapsed_ms(&self.events[b])
-                .map(|v| v as f64 * 1e3)
-                .unwrap_or(0.0)
-        };
-        let input_copy = ms(0, 1);
-        let gpu = ms(1, 2);
-        let output_copy = ms(2, 3);
+        let ev = &self.events;
+        let input_copy = elapsed_us(&ev[0], &ev[1]);
+        let gpu = elapsed_us(&ev[1], &ev[2]);
+        let output_copy = elapsed_us(&ev[2], &ev[3]);
         // PCIe transfers are what the host side costs; device copies are reported apart.
         let (up, in_device) = if upload_bytes > 0 {
             (input_copy, 0.0)
@@ -1023,32 +1029,21 @@ impl CudaPipeline {
         } else {
             (0.0, output_copy)
         };
-        self.frames += 1;
-        if self.frames % 64 == 1 {
-            self.device_free = memory_info(&self.ctx)
-                .map(|m| m.0)
-                .unwrap_or(self.device_free);
-        }
-        self.stats = GpuFrameStats {
+        let frame = GpuFrameStats {
             gpu_time_us: gpu,
-            transfer_time_us: up + down,
             launches: self.launches_per_frame(params),
             graph_replayed: replayed,
-            arena_bytes: self.plan.arena_bytes,
-            peak_live_bytes: self.plan.peak_live_bytes,
-            device_free_bytes: self.device_free,
+            // process_frames measures the host time around this call
             host_time_us: 0.0,
             upload_time_us: up,
             download_time_us: down,
             upload_bytes,
             download_bytes,
             device_copy_time_us: in_device + out_device,
+            ..GpuFrameStats::default()
         };
-        Ok(FrameReport {
-            scene_cut: fb.scene_cut != 0,
-            scene_score: fb.scene_score,
-            history_used: fb.history_used.max(0) as usize,
-        })
+        self.count_frame(frame, 0);
+        Ok(read_report(&self.host))
     }
 
     /// Queues the upload of a host frame into "nv12-in" (packed planes). Planes in
