@@ -66,22 +66,30 @@ fn timed(frame: &Nv12, i: usize, base_ns: u64) -> gst::Buffer {
     b
 }
 
-/// `appsrc ! toonflow ! appsink`: pushes the frames in a burst, EOS right after the last, and
-/// returns every output buffer up to EOS.
-fn run_burst(input: &[Nv12], overlap: bool) -> Vec<gst::Buffer> {
-    let (w, h) = (input[0].width, input[0].height);
+/// `appsrc ! toonflow ! sink` for NV12 frames of `w`×`h`, playing: the pipeline and its source.
+fn play_into(
+    sink: &gst::Element,
+    w: usize,
+    h: usize,
+    overlap: bool,
+) -> (gst::Pipeline, gst_app::AppSrc) {
     let pipeline = gst::Pipeline::new();
     let src = gst_app::AppSrc::builder()
         .caps(&nv12_caps(w, h))
         .format(gst::Format::Time)
         .build();
     let toon = toonflow(overlap);
-    let sink = gst_app::AppSink::builder().sync(false).build();
-    pipeline
-        .add_many([src.upcast_ref(), &toon, sink.upcast_ref()])
-        .unwrap();
-    gst::Element::link_many([src.upcast_ref(), &toon, sink.upcast_ref()]).unwrap();
+    pipeline.add_many([src.upcast_ref(), &toon, sink]).unwrap();
+    gst::Element::link_many([src.upcast_ref(), &toon, sink]).unwrap();
     pipeline.set_state(gst::State::Playing).unwrap();
+    (pipeline, src)
+}
+
+/// `appsrc ! toonflow ! appsink`: pushes the frames in a burst, EOS right after the last, and
+/// returns every output buffer up to EOS.
+fn run_burst(input: &[Nv12], overlap: bool) -> Vec<gst::Buffer> {
+    let sink = gst_app::AppSink::builder().sync(false).build();
+    let (pipeline, src) = play_into(sink.upcast_ref(), input[0].width, input[0].height, overlap);
     for (i, f) in input.iter().enumerate() {
         src.push_buffer(timed(f, i, 0)).expect("push");
     }
@@ -240,19 +248,11 @@ fn stopping_mid_stream_joins_the_push_thread() {
     let (w, h) = if cuda { (640, 360) } else { (160, 120) };
     let input = frames(w, h, 6);
     for round in 0..5 {
-        let pipeline = gst::Pipeline::new();
-        let src = gst_app::AppSrc::builder()
-            .caps(&nv12_caps(w, h))
-            .format(gst::Format::Time)
-            .build();
-        let toon = toonflow(true);
         let sink = gst::ElementFactory::make("fakesink")
             .property("sync", false)
             .build()
             .unwrap();
-        pipeline.add_many([src.upcast_ref(), &toon, &sink]).unwrap();
-        gst::Element::link_many([src.upcast_ref(), &toon, &sink]).unwrap();
-        pipeline.set_state(gst::State::Playing).unwrap();
+        let (pipeline, src) = play_into(&sink, w, h, true);
         for i in 0..30 {
             src.push_buffer(timed(&input[i % input.len()], i, 0))
                 .expect("push");

@@ -21,12 +21,13 @@ use cudarc::nvrtc::Ptx;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
+use super::alloc::{DeviceBlock, allocate};
 use super::context::{describe, guard};
 use super::copy::{Rows, copy_d2h, copy_h2d};
 use super::error::{CudaError, driver};
 use super::kernels::compile_cached;
+use super::neural::DeviceFrameIo;
 use super::neural::program::{NnControl, Program};
-use super::neural::{DeviceBlock, DeviceFrameIo, allocate};
 use super::pipeline::{FrameSource, FrameTarget, copy_nv12};
 use crate::kernel_abi::{Define, KernelStruct, c_header, kernel_struct};
 use crate::neural::frame::{

@@ -8,10 +8,10 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result};
 
 use super::GpuFrameStats;
 use super::abi::{CONTROL_OFFSET, TfControl, TfFrame};
+use super::alloc::{DeviceBlock, allocate};
 use super::context::{context, describe, guard, memory_info};
 use super::copy::{Rows, copy_2d, copy_d2h, copy_h2d};
-use super::error::{CudaError, MemoryShortfall, driver};
-use super::fault::{Fault, injected};
+use super::error::{CudaError, driver};
 use super::graph::{GraphCache, GraphKey, OwnedGraph, Ran};
 use super::kernels::{Kernels, kernels};
 use super::launch::{DevicePtrs, clear_statistics, enqueue_frame};
@@ -115,70 +115,25 @@ pub enum FrameTarget<'a, 'b> {
     Device(DeviceNv12),
 }
 
-/// The one device allocation of a pipeline.
-struct Arena {
-    ptr: CUdeviceptr,
-    bytes: u64,
-    ctx: Arc<CudaContext>,
-}
-
-impl Drop for Arena {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: `ptr` came from `malloc_sync` in this context and is freed only here; the
-        // pipeline drops every graph addressing it first and synchronises each frame.
-        let _ = unsafe { result::free_sync(self.ptr) };
-    }
-}
-
-/// Allocates and zeroes an arena of `bytes` for `plan` (`TOONFLOW_CUDA_FAULT=alloc` asks the
-/// driver for four times the free memory instead, a real allocation failure).
+/// Allocates and zeroes an arena of `bytes` for `plan` (see [`allocate`] for its errors and the
+/// injected alloc fault).
 fn allocate_arena(
     ctx: &Arc<CudaContext>,
     stream: &Arc<CudaStream>,
     plan: &MemoryPlan,
     bytes: u64,
-) -> Result<Arena, CudaError> {
-    let (free, _) = memory_info(ctx)?;
-    let ask = if injected(Fault::Alloc) {
-        free.saturating_mul(4)
-    } else {
-        bytes
-    };
-    if bytes > free {
-        return Err(CudaError::out_of_memory(format!(
-            "the memory plan for {} needs {} bytes, the device has {} bytes free",
-            plan.label, bytes, free
-        )));
-    }
-    guard("cuMemAlloc", || {
-        ctx.bind_to_thread()
-            .map_err(driver("binding the context"))?;
-        // SAFETY: the context is current on this thread; the result is checked.
-        let ptr = unsafe { result::malloc_sync(ask as usize) }.map_err(|e| {
-            CudaError::OutOfMemory(MemoryShortfall {
-                message: format!(
-                    "cuMemAlloc of {ask} bytes for the memory plan of {} failed",
-                    plan.label
-                ),
-                source: Some(e),
-            })
-        })?;
-        let arena = Arena {
-            ptr,
-            bytes,
-            ctx: ctx.clone(),
-        };
-        // SAFETY: `ptr` is a fresh allocation of at least `bytes` bytes in this context.
+) -> Result<DeviceBlock, CudaError> {
+    let arena = allocate(ctx, bytes, &format!("the memory plan for {}", plan.label))?;
+    guard("zeroing the arena", || {
+        // SAFETY: `arena` is a fresh allocation of `bytes` bytes in this context, which
+        // `allocate` left current.
         unsafe {
-            result::memset_d8_async(ptr, 0, bytes as usize, stream.cu_stream())
+            result::memset_d8_async(arena.ptr, 0, bytes as usize, stream.cu_stream())
                 .map_err(driver("cuMemsetD8Async"))?;
         }
-        stream
-            .synchronize()
-            .map_err(driver("cuStreamSynchronize"))?;
-        Ok(arena)
-    })
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    })?;
+    Ok(arena)
 }
 
 /// Layout of the page-locked staging block: parameters and control go up in one copy, the
@@ -203,6 +158,54 @@ fn geometry_error(got: FrameGeometry, want: FrameGeometry) -> CudaError {
         "frame geometry {}x{} differs from the pipeline's {}x{}",
         got.width, got.height, want.width, want.height
     ))
+}
+
+/// Writes the parameter block and the frame's control into the page-locked `host` block and
+/// queues their upload into `dst` on `stream`: one async copy.
+///
+/// # Safety
+/// `dst` holds CONTROL_OFFSET + TfControl bytes (the plan's "params" buffer), and `host` is
+/// neither written nor freed before the copy has run.
+unsafe fn queue_params(
+    stream: sys::CUstream,
+    host: &mut PinnedHostBuffer,
+    params: &ToonParams,
+    reset: bool,
+    dst: CUdeviceptr,
+) -> Result<(), CudaError> {
+    let control = TfControl {
+        reset: reset as i32,
+        pad: [0; 3],
+    };
+    let params_bytes = bytemuck::bytes_of(params);
+    host[HOST_PARAMS..HOST_PARAMS + params_bytes.len()].copy_from_slice(params_bytes);
+    host[HOST_CONTROL..HOST_CONTROL_END].copy_from_slice(bytemuck::bytes_of(&control));
+    // SAFETY: `host` is page-locked and holds HOST_CONTROL_END bytes; the caller guarantees
+    // the rest (see above).
+    unsafe {
+        copy_h2d(
+            stream,
+            host.as_ptr().add(HOST_PARAMS),
+            dst,
+            HOST_CONTROL_END - HOST_PARAMS,
+        )
+    }
+    .map_err(driver("parameter upload"))
+}
+
+/// Time from `a` to `b` in µs (0 when the driver cannot tell).
+fn elapsed_us(a: &CudaEvent, b: &CudaEvent) -> f64 {
+    a.elapsed_ms(b).map(|v| v as f64 * 1e3).unwrap_or(0.0)
+}
+
+/// The analysis report in a staging block's frame block (TfFrame), once its download is done.
+fn read_report(host: &PinnedHostBuffer) -> FrameReport {
+    let fb: TfFrame = bytemuck::pod_read_unaligned(&host[HOST_FRAME..HOST_FRAME_END]);
+    FrameReport {
+        scene_cut: fb.scene_cut != 0,
+        scene_score: fb.scene_score,
+        history_used: fb.history_used.max(0) as usize,
+    }
 }
 
 /// A frame in flight on the overlap path: what its host slot remembers until its completion
@@ -232,7 +235,7 @@ struct Overlap {
     slots: Vec<FlightSlot>,
     ring: SlotRing,
     /// The landing slot: one packed NV12 frame.
-    landing: Arena,
+    landing: DeviceBlock,
     copy: Arc<CudaStream>,
 }
 
@@ -252,27 +255,8 @@ impl Overlap {
                 plan.arena_bytes
             )));
         }
-        let (free, _) = memory_info(ctx)?;
-        if frame_bytes > free {
-            return Err(CudaError::out_of_memory(format!(
-                "overlap's landing slot needs {frame_bytes} bytes, the device has {free} free"
-            )));
-        }
+        let landing = allocate(ctx, frame_bytes, "overlap's landing slot")?;
         guard("setting up overlap", || {
-            ctx.bind_to_thread()
-                .map_err(driver("binding the context"))?;
-            // SAFETY: the context is current on this thread; the result is checked.
-            let ptr = unsafe { result::malloc_sync(frame_bytes as usize) }.map_err(|e| {
-                CudaError::OutOfMemory(MemoryShortfall {
-                    message: format!("cuMemAlloc of {frame_bytes} bytes for the landing slot"),
-                    source: Some(e),
-                })
-            })?;
-            let landing = Arena {
-                ptr,
-                bytes: frame_bytes,
-                ctx: ctx.clone(),
-            };
             let copy = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
             let ev = |flags| ctx.new_event(Some(flags)).map_err(driver("cuEventCreate"));
             let timing = sys::CUevent_flags::CU_EVENT_DEFAULT;
@@ -321,7 +305,7 @@ pub struct CudaPipeline {
     cache: GraphCache<GraphKey, OwnedGraph>,
     /// `None` only after a shape change failed to allocate: frames are refused until a
     /// [`CudaPipeline::set_shape`] succeeds.
-    arena: Option<Arena>,
+    arena: Option<DeviceBlock>,
     host: PinnedHostBuffer,
     /// Uploads of pageable frames, staged in bands by `staging_threads` threads (made on the
     /// first pageable frame; 0 threads: the driver stages them).
@@ -711,14 +695,6 @@ impl CudaPipeline {
         }
         let landing = ov.landing.ptr;
         let slot = &mut ov.slots[i];
-        let control = TfControl {
-            reset: self.reset_pending as i32,
-            pad: [0; 3],
-        };
-        let params_bytes = bytemuck::bytes_of(params);
-        slot.host[HOST_PARAMS..HOST_PARAMS + params_bytes.len()].copy_from_slice(params_bytes);
-        slot.host[HOST_CONTROL..HOST_CONTROL_END].copy_from_slice(bytemuck::bytes_of(&control));
-
         slot.ev[0].record(&copy).map_err(driver("cuEventRecord"))?;
         self.upload_host(copy.cu_stream(), input, landing, false)?;
         slot.ev[1].record(&copy).map_err(driver("cuEventRecord"))?;
@@ -727,16 +703,16 @@ impl CudaPipeline {
         s.wait(&slot.ev[1]).map_err(driver("cuStreamWaitEvent"))?;
         slot.ev[2].record(&s).map_err(driver("cuEventRecord"))?;
         // SAFETY: the slot's page-locked block is not written again before its frame is seen
-        // complete (the ring hands it out again only then); "params" holds CONTROL_OFFSET +
-        // TfControl bytes; the landing slot and "nv12-in" both hold a packed frame.
+        // complete (the ring hands it out again only then); "params" is the plan's parameter
+        // buffer; the landing slot and "nv12-in" both hold a packed frame.
         unsafe {
-            copy_h2d(
+            queue_params(
                 cs,
-                slot.host.as_ptr().add(HOST_PARAMS),
+                &mut slot.host,
+                params,
+                self.reset_pending,
                 self.ptrs.params,
-                HOST_CONTROL_END - HOST_PARAMS,
-            )
-            .map_err(driver("parameter upload"))?;
+            )?;
             result::memcpy_dtod_async(self.ptrs.nv12_in, landing, frame_bytes, cs)
                 .map_err(driver("landing slot copy"))?;
         }
@@ -831,48 +807,45 @@ impl CudaPipeline {
             {
                 break;
             }
-            let ms = |a: &CudaEvent, b: &CudaEvent| {
-                a.elapsed_ms(b).map(|v| v as f64 * 1e3).unwrap_or(0.0)
-            };
-            let up = ms(&slot.ev[0], &slot.ev[1]);
-            let device_copy = ms(&slot.ev[2], &slot.ev[3]);
-            let gpu = ms(&slot.ev[3], &slot.ev[4]);
-            let down = ms(&slot.ev[4], &slot.done);
-            let fb: TfFrame = bytemuck::pod_read_unaligned(&slot.host[HOST_FRAME..HOST_FRAME_END]);
-            let frame = slot.frame;
-            ov.ring.finish_oldest();
-            self.frames += 1;
-            if self.frames % 64 == 1 {
-                self.device_free = memory_info(&self.ctx)
-                    .map(|m| m.0)
-                    .unwrap_or(self.device_free);
-            }
             let bytes = (self.shape.width * self.shape.height * 3 / 2) as u64;
-            self.stats = GpuFrameStats {
-                gpu_time_us: gpu,
-                transfer_time_us: up + down,
-                launches: frame.launches,
-                graph_replayed: frame.replayed,
-                arena_bytes: self.plan.arena_bytes + ov.landing.bytes,
-                peak_live_bytes: self.plan.peak_live_bytes,
-                device_free_bytes: self.device_free,
-                host_time_us: frame.host_time_us,
-                upload_time_us: up,
-                download_time_us: down,
+            let frame = GpuFrameStats {
+                gpu_time_us: elapsed_us(&slot.ev[3], &slot.ev[4]),
+                launches: slot.frame.launches,
+                graph_replayed: slot.frame.replayed,
+                host_time_us: slot.frame.host_time_us,
+                upload_time_us: elapsed_us(&slot.ev[0], &slot.ev[1]),
+                download_time_us: elapsed_us(&slot.ev[4], &slot.done),
                 upload_bytes: bytes,
                 download_bytes: bytes,
-                device_copy_time_us: device_copy,
+                device_copy_time_us: elapsed_us(&slot.ev[2], &slot.ev[3]),
+                ..GpuFrameStats::default()
             };
-            out.push((
-                FrameReport {
-                    scene_cut: fb.scene_cut != 0,
-                    scene_score: fb.scene_score,
-                    history_used: fb.history_used.max(0) as usize,
-                },
-                self.stats,
-            ));
+            let report = read_report(&slot.host);
+            ov.ring.finish_oldest();
+            out.push((report, self.count_frame(frame, ov.landing.bytes)));
         }
         Ok(out)
+    }
+
+    /// Counts a completed frame and keeps its figures as the last frame's: `frame`'s own (times
+    /// from its events, bytes, launches) completed with the transfer time (upload + download),
+    /// the plan's arena plus `beside_arena` bytes (the overlap path's landing slot), its peak and
+    /// the free device memory (queried every 64 frames).
+    fn count_frame(&mut self, frame: GpuFrameStats, beside_arena: u64) -> GpuFrameStats {
+        self.frames += 1;
+        if self.frames % 64 == 1 {
+            self.device_free = memory_info(&self.ctx)
+                .map(|m| m.0)
+                .unwrap_or(self.device_free);
+        }
+        self.stats = GpuFrameStats {
+            transfer_time_us: frame.upload_time_us + frame.download_time_us,
+            arena_bytes: self.plan.arena_bytes + beside_arena,
+            peak_live_bytes: self.plan.peak_live_bytes,
+            device_free_bytes: self.device_free,
+            ..frame
+        };
+        self.stats
     }
 
     /// Refuses frames the pipeline cannot take now: no arena, parameters of another shape, planes
@@ -952,26 +925,17 @@ impl CudaPipeline {
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
 
-        // Parameter block + control, one async copy from page-locked memory.
-        let control = TfControl {
-            reset: self.reset_pending as i32,
-            pad: [0; 3],
-        };
-        let params_bytes = bytemuck::bytes_of(params);
-        self.host[HOST_PARAMS..HOST_PARAMS + params_bytes.len()].copy_from_slice(params_bytes);
-        self.host[HOST_CONTROL..HOST_CONTROL_END].copy_from_slice(bytemuck::bytes_of(&control));
-        // SAFETY: the staging block is page-locked and lives in `self` (the copy is finished by
-        // the synchronisation below); the parameter buffer holds CONTROL_OFFSET + TfControl
-        // bytes (the plan's "params" buffer).
+        // SAFETY: the staging block lives in `self` and is not written again before the
+        // synchronisation below; "params" is the plan's parameter buffer.
         unsafe {
-            copy_h2d(
+            queue_params(
                 cs,
-                self.host.as_ptr().add(HOST_PARAMS),
+                &mut self.host,
+                params,
+                self.reset_pending,
                 self.ptrs.params,
-                HOST_CONTROL_END - HOST_PARAMS,
-            )
-            .map_err(driver("parameter upload"))?;
-        }
+            )?
+        };
         self.events[0].record(&s).map_err(driver("cuEventRecord"))?;
         let frame_bytes = (w * h + w * ch) as u64;
         let (y_bytes, arena_in, arena_out) = (
@@ -1050,16 +1014,10 @@ impl CudaPipeline {
         s.synchronize().map_err(driver("cuStreamSynchronize"))?;
         self.reset_pending = false;
 
-        let fb: TfFrame = bytemuck::pod_read_unaligned(&self.host[HOST_FRAME..HOST_FRAME_END]);
-        let ms = |a: usize, b: usize| {
-            self.events[a]
-                .elapsed_ms(&self.events[b])
-                .map(|v| v as f64 * 1e3)
-                .unwrap_or(0.0)
-        };
-        let input_copy = ms(0, 1);
-        let gpu = ms(1, 2);
-        let output_copy = ms(2, 3);
+        let ev = &self.events;
+        let input_copy = elapsed_us(&ev[0], &ev[1]);
+        let gpu = elapsed_us(&ev[1], &ev[2]);
+        let output_copy = elapsed_us(&ev[2], &ev[3]);
         // PCIe transfers are what the host side costs; device copies are reported apart.
         let (up, in_device) = if upload_bytes > 0 {
             (input_copy, 0.0)
@@ -1071,32 +1029,21 @@ impl CudaPipeline {
         } else {
             (0.0, output_copy)
         };
-        self.frames += 1;
-        if self.frames % 64 == 1 {
-            self.device_free = memory_info(&self.ctx)
-                .map(|m| m.0)
-                .unwrap_or(self.device_free);
-        }
-        self.stats = GpuFrameStats {
+        let frame = GpuFrameStats {
             gpu_time_us: gpu,
-            transfer_time_us: up + down,
             launches: self.launches_per_frame(params),
             graph_replayed: replayed,
-            arena_bytes: self.plan.arena_bytes,
-            peak_live_bytes: self.plan.peak_live_bytes,
-            device_free_bytes: self.device_free,
+            // process_frames measures the host time around this call
             host_time_us: 0.0,
             upload_time_us: up,
             download_time_us: down,
             upload_bytes,
             download_bytes,
             device_copy_time_us: in_device + out_device,
+            ..GpuFrameStats::default()
         };
-        Ok(FrameReport {
-            scene_cut: fb.scene_cut != 0,
-            scene_score: fb.scene_score,
-            history_used: fb.history_used.max(0) as usize,
-        })
+        self.count_frame(frame, 0);
+        Ok(read_report(&self.host))
     }
 
     /// Queues the upload of a host frame into "nv12-in" (packed planes). Planes in

@@ -14,16 +14,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::LaunchConfig;
-use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, PushKernelArg, result};
 use cudarc::nvrtc::Ptx;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::GpuFrameStats;
-use super::context::{context, describe, guard, memory_info};
+use super::alloc::{DeviceBlock, allocate};
+use super::context::{context, describe, guard};
 use super::copy::{copy_d2h, copy_h2d};
-use super::error::{CudaError, MemoryShortfall, driver};
+use super::error::{CudaError, driver};
 use super::fault::{Fault, injected};
 use super::graph::{GraphCache, OwnedGraph, Ran};
 use super::kernels::compile_to_ptx;
@@ -121,56 +122,6 @@ pub enum NeuralGpuError {
     Model(#[from] NeuralError),
     #[error("{0}")]
     Cuda(#[from] CudaError),
-}
-
-/// One device allocation, freed on drop.
-pub(crate) struct DeviceBlock {
-    pub(crate) ptr: CUdeviceptr,
-    pub(crate) bytes: u64,
-    ctx: Arc<CudaContext>,
-}
-
-impl Drop for DeviceBlock {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: `ptr` came from `malloc_sync` in this context and is freed only here; the
-        // executor drops its graphs first and synchronises after every frame.
-        let _ = unsafe { result::free_sync(self.ptr) };
-    }
-}
-
-pub(crate) fn allocate(
-    ctx: &Arc<CudaContext>,
-    bytes: u64,
-    what: &str,
-) -> Result<DeviceBlock, CudaError> {
-    let (free, _) = memory_info(ctx)?;
-    let ask = if injected(Fault::Alloc) {
-        free.saturating_mul(4)
-    } else {
-        bytes.max(1)
-    };
-    if bytes > free {
-        return Err(CudaError::out_of_memory(format!(
-            "{what} needs {bytes} bytes, the device has {free} bytes free"
-        )));
-    }
-    guard("cuMemAlloc", || {
-        ctx.bind_to_thread()
-            .map_err(driver("binding the context"))?;
-        // SAFETY: the context is current on this thread; the result is checked.
-        let ptr = unsafe { result::malloc_sync(ask as usize) }.map_err(|e| {
-            CudaError::OutOfMemory(MemoryShortfall {
-                message: format!("cuMemAlloc of {ask} bytes for {what} failed"),
-                source: Some(e),
-            })
-        })?;
-        Ok(DeviceBlock {
-            ptr,
-            bytes,
-            ctx: ctx.clone(),
-        })
-    })
 }
 
 /// A frame path around the network (src/cuda/neural_frame.rs): its copies before and after
