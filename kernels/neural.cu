@@ -495,33 +495,47 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
         }
         __syncthreads();
+        // the taps in one flat loop, the next tap's B fragments loaded while this tap's
+        // A fragments and products are in flight (the loop is latency-bound)
         const uint2* wt = wf + ((long long)kc * p->n_tiles + nt0) * 32 + lane;
-        for (int ky = 0; ky < p->kh; ky++) {
-            unsigned int addr = lane_addr + ky * ky_step;
-            for (int kx = 0; kx < kw_v; kx++, addr += kx_step, wt += tap_step) {
-                uint2 b[NT];
+        const int taps = p->kh * kw_v;
+        uint2 b[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            b[n] = n < ntn ? __ldg(wt + n * 32) : make_uint2(0, 0);
+        unsigned int row_addr = lane_addr, addr = lane_addr;
+        for (int tap = 0, kx = 0; tap < taps; tap++) {
+            unsigned int a[2][4];
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3])
+                             : "r"(addr + m * m_step));
+            uint2 next[NT];
+            wt += tap_step;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                next[n] = (n < ntn && tap + 1 < taps) ? __ldg(wt + n * 32) : make_uint2(0, 0);
+#pragma unroll
+            for (int m = 0; m < 2; m++)
 #pragma unroll
                 for (int n = 0; n < NT; n++)
                     if (n < ntn)
-                        b[n] = __ldg(wt + n * 32);
+                        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                            : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]),
+                              "+f"(acc[m][n][3])
+                            : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n].x),
+                              "r"(b[n].y));
 #pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    unsigned int a0, a1, a2, a3;
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                                 : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
-                                 : "r"(addr + m * m_step));
-#pragma unroll
-                    for (int n = 0; n < NT; n++) {
-                        if (n < ntn) {
-                            asm volatile(
-                                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                                : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]),
-                                  "+f"(acc[m][n][3])
-                                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b[n].x), "r"(b[n].y));
-                        }
-                    }
-                }
+            for (int n = 0; n < NT; n++)
+                b[n] = next[n];
+            if (++kx == kw_v) {
+                kx = 0;
+                row_addr += ky_step;
+                addr = row_addr;
+            } else {
+                addr += kx_step;
             }
         }
     }
