@@ -245,15 +245,16 @@ __device__ __forceinline__ void nn_conv_body(const NnConv* __restrict__ p)
 // M = output pixels, N = output channels, K = taps x input channels in chunks of 16.
 // One block: NN_TC_ROWS output rows x NN_TC_COLS pixels (one row per warp, two 16-pixel
 // m-tiles) x NT*8 channels (NT = 1, 2, 4, 8: no accumulators for channels a layer lacks). Per
-// 16-channel chunk the block gathers its input tile (with the halo the taps need) from the NCHW
-// fp16 input into dynamic shared memory (sized by the host to the tile, so small tiles let more
+// 16-channel chunk the block gathers its input tile (with the halo the taps need) from the
+// input (NCHW planes, any strides, or channels-last: GATHER below) into dynamic shared memory (sized by the host to the tile, so small tiles let more
 // blocks share an SM) as [row][col][NN_TC_PIX halves]: the 16 channels of a pixel contiguous
 // (padded to 48 bytes so the eight rows of an ldmatrix hit distinct banks). Where each tile
 // pixel comes from (the Pad and the convolution's zero padding applied) is worked out once per
 // block into a table after the tile, so the gather of every chunk is loads and stores only.
 // Each tap's A fragment is then one ldmatrix.x4 (16 pixels x 16 channels at the tap's offset,
 // any stride or dilation); B fragments are one coalesced 64-bit load per lane from weights the
-// host laid out in fragment order [tap][chunk][n tile][lane][4 halves].
+// host laid out in fragment order [tap][chunk][n tile][lane][4 halves], the next tap's loaded
+// while this tap's products run (the loop is latency-bound).
 #define NN_TC_PIX 24
 
 __device__ __forceinline__ unsigned int nn_smem_addr(const void* p)
@@ -279,10 +280,6 @@ __device__ __forceinline__ int2 nn_tc_source(const NnConv* __restrict__ p, int p
     return (iy >= 0 && ix >= 0) ? make_int2(iy, ix) : make_int2(-2, 0);
 }
 
-// The 16 channels of chunk kc of one tile pixel (source `at`, inside the input), packed in
-// pairs: read through a folded Resize's taps (rounded to fp16 as the Resize's own output
-// would be), from the fp32 input (its layout Transpose folded; rounded to fp16 as the
-// Transpose's output would be) or from the fp16 input.
 // Eight fp16 values (one 16-byte load) as floats.
 __device__ __forceinline__ void nn_unpack8(uint4 q, float f[8])
 {
@@ -334,6 +331,10 @@ __device__ __forceinline__ void nn_tc_fetch_nhwc(const NnConv* __restrict__ p, i
     }
 }
 
+// The 16 channels of chunk kc of one tile pixel (source `at`, inside the input), packed in
+// pairs: read through a folded Resize's taps (rounded to fp16 as the Resize's own output
+// would be), from the fp32 input (its layout Transpose folded; rounded to fp16 as the
+// Transpose's output would be) or from the fp16 input.
 __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc, int2 at,
                                             unsigned int v[8])
 {
