@@ -705,6 +705,14 @@ fn conv_geometry(l: &Lowered, s: &Stage) -> Option<ConvGeometry> {
     ))
 }
 
+/// Whether a stage is a convolution the tensor-core kernel can run (one group, a tile that
+/// fits), whatever its input's storage.
+fn tensor_core_shape(l: &Lowered, s: &Stage) -> bool {
+    s.kind == StageKind::Conv
+        && conv_geometry(l, s)
+            .is_some_and(|(k, st, dil, groups)| groups == 1 && tc_tile_fits(k, st, dil))
+}
+
 /// What a tensor-core convolution's input gather folds in from the stage right before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Gather {
@@ -765,11 +773,7 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
     if !storage.tensor_cores {
         return f;
     }
-    let on_tensor_cores = |s: &Stage| {
-        s.kind == StageKind::Conv
-            && conv_geometry(l, s)
-                .is_some_and(|(k, st, dil, groups)| groups == 1 && tc_tile_fits(k, st, dil))
-    };
+    let on_tensor_cores = |s: &Stage| tensor_core_shape(l, s);
     let half = |v: &str| half_of.get(v) == Some(&true);
     for (i, s) in l.stages.iter().enumerate() {
         let (Some(out), Some(next)) = (s.outputs.first(), l.stages.get(i + 1)) else {
@@ -869,9 +873,7 @@ fn channels_last_values(
     // conv stages on the tensor cores, as `build` decides: fp16 input or a folded gather
     let on_tensor_cores = |i: usize| {
         let s = &l.stages[i];
-        s.kind == StageKind::Conv
-            && conv_geometry(l, s)
-                .is_some_and(|(k, st, dil, groups)| groups == 1 && tc_tile_fits(k, st, dil))
+        tensor_core_shape(l, s)
             && (folds.input.contains_key(&i)
                 || first_input(s).is_some_and(|x| half_of.get(&x) == Some(&true)))
     };
