@@ -1,7 +1,8 @@
 //! Fault injection for the failure tests: `TOONFLOW_CUDA_FAULT` holds a comma-separated list of
 //! `compile`, `alloc`, `capture`. Each makes the real operation fail, not a stand-in for it:
-//! the kernel source gets an `#error`, the arena allocation asks the driver for four times the
-//! free memory, and the capture issues a stream synchronisation, which capture forbids.
+//! the kernel source gets an `#error`, every device allocation (`alloc::allocate`: the arenas,
+//! the overlap landing slot) asks the driver for four times the free memory, and the capture
+//! issues a stream synchronisation, which capture forbids.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {

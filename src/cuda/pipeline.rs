@@ -286,12 +286,16 @@ impl Overlap {
     }
 }
 
+/// Frames of the overlap path seen complete, oldest first: each one's analysis report and
+/// figures.
+pub type CompletedFrames = Vec<(FrameReport, GpuFrameStats)>;
+
 /// A frame queued by [`CudaPipeline::submit_host`].
 pub struct Submitted {
     /// Recorded after the frame's download: the output buffer is complete once it has fired.
     pub done: Arc<CudaEvent>,
     /// Earlier frames seen complete meanwhile (oldest first): analysis report and figures.
-    pub finished: Vec<(FrameReport, GpuFrameStats)>,
+    pub finished: CompletedFrames,
 }
 
 /// One element instance's GPU state: stream, arena, graph cache and temporal ring.
@@ -301,7 +305,7 @@ pub struct CudaPipeline {
     overlap: Option<Overlap>,
     /// Overlap frames completed by a shape change (`finish_in_flight`) before anyone read them:
     /// handed out first by the next `submit_host` or `harvest`, so none goes uncounted.
-    finished_early: Vec<(FrameReport, GpuFrameStats)>,
+    finished_early: CompletedFrames,
     cache: GraphCache<GraphKey, OwnedGraph>,
     /// `None` only after a shape change failed to allocate: frames are refused until a
     /// [`CudaPipeline::set_shape`] succeeds.
@@ -358,6 +362,14 @@ fn check_shape(
 }
 
 impl CudaPipeline {
+    /// The frame geometry of the pipeline's shape.
+    fn geometry(&self) -> FrameGeometry {
+        FrameGeometry {
+            width: self.shape.width as usize,
+            height: self.shape.height as usize,
+        }
+    }
+
     /// A pipeline in the process's primary context of `device_id`.
     pub fn new(
         device_id: usize,
@@ -637,7 +649,7 @@ impl CudaPipeline {
             &FrameTarget::Host(output),
         )?;
         let host_start = Instant::now();
-        let frame_bytes = (self.shape.width * self.shape.height * 3 / 2) as u64;
+        let frame_bytes = self.geometry().nv12_bytes() as u64;
         if self.overlap.is_none() {
             let ov = Overlap::new(&self.ctx, &self.plan, frame_bytes, self.max_device_memory)?;
             self.overlap = Some(ov);
@@ -665,16 +677,15 @@ impl CudaPipeline {
 
     /// Enqueues the frame on the copy and compute streams; returns its host slot and the
     /// frames found complete.
-    #[allow(clippy::type_complexity)]
     fn submit_inner(
         &mut self,
         ov: &mut Overlap,
         params: &ToonParams,
         input: &Nv12Frame,
         output: &mut Nv12FrameMut,
-    ) -> Result<(usize, Vec<(FrameReport, GpuFrameStats)>), CudaError> {
+    ) -> Result<(usize, CompletedFrames), CudaError> {
         let (w, h) = (self.shape.width as usize, self.shape.height as usize);
-        let frame_bytes = w * (h + h / 2);
+        let frame_bytes = self.geometry().nv12_bytes();
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
@@ -765,7 +776,7 @@ impl CudaPipeline {
 
     /// Reads the analysis report and figures of the overlap path's frames that are complete,
     /// oldest first; with `wait`, waits for all frames in flight first.
-    pub fn harvest(&mut self, wait: bool) -> Result<Vec<(FrameReport, GpuFrameStats)>, CudaError> {
+    pub fn harvest(&mut self, wait: bool) -> Result<CompletedFrames, CudaError> {
         let early = std::mem::take(&mut self.finished_early);
         let Some(mut ov) = self.overlap.take() else {
             return Ok(early);
@@ -792,7 +803,7 @@ impl CudaPipeline {
         &mut self,
         ov: &mut Overlap,
         wait_one: bool,
-    ) -> Result<Vec<(FrameReport, GpuFrameStats)>, CudaError> {
+    ) -> Result<CompletedFrames, CudaError> {
         let mut out = Vec::new();
         while let Some(i) = ov.ring.oldest() {
             let slot = &ov.slots[i];
@@ -807,7 +818,7 @@ impl CudaPipeline {
             {
                 break;
             }
-            let bytes = (self.shape.width * self.shape.height * 3 / 2) as u64;
+            let bytes = self.geometry().nv12_bytes() as u64;
             let frame = GpuFrameStats {
                 gpu_time_us: elapsed_us(&slot.ev[3], &slot.ev[4]),
                 launches: slot.frame.launches,
@@ -863,11 +874,8 @@ impl CudaPipeline {
                 self.plan.label
             )));
         }
-        let (w, h) = (self.shape.width as usize, self.shape.height as usize);
-        let g = FrameGeometry {
-            width: w,
-            height: h,
-        };
+        let g = self.geometry();
+        let (w, h) = (g.width, g.height);
         if params.width as usize != w
             || params.height as usize != h
             || params.bilateral_iterations != self.iterations() as i32
@@ -918,7 +926,6 @@ impl CudaPipeline {
         output: FrameTarget,
     ) -> Result<FrameReport, CudaError> {
         let (w, h) = (self.shape.width as usize, self.shape.height as usize);
-        let ch = h / 2;
         let s = self.stream.clone();
         let cs = s.cu_stream();
         self.ctx
@@ -937,7 +944,7 @@ impl CudaPipeline {
             )?
         };
         self.events[0].record(&s).map_err(driver("cuEventRecord"))?;
-        let frame_bytes = (w * h + w * ch) as u64;
+        let frame_bytes = self.geometry().nv12_bytes() as u64;
         let (y_bytes, arena_in, arena_out) = (
             w * h,
             Rows::device(self.ptrs.nv12_in, w),
