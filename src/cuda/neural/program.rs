@@ -333,7 +333,59 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub fn name(self) -> &'static str {
+    /// How many kernels kernels/neural.cu defines.
+    pub const COUNT: usize = 30;
+
+    /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
+    /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
+    pub const ALL: [Kernel; Kernel::COUNT] = {
+        const TILES: [u8; 4] = [1, 2, 4, 8];
+        let mut all = [Kernel::Moments; Kernel::COUNT];
+        let mut n = 0;
+        let mut g = 0;
+        while g < 2 {
+            let gather = [MmaGather::Planar, MmaGather::ChannelsLast][g];
+            let mut half = 0;
+            while half < 2 {
+                let mut t = 0;
+                while t < TILES.len() {
+                    all[n] = Kernel::ConvMma(half == 1, TILES[t], gather);
+                    n += 1;
+                    t += 1;
+                }
+                half += 1;
+            }
+            g += 1;
+        }
+        let mut t = 0;
+        while t < TILES.len() {
+            all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked);
+            n += 1;
+            t += 1;
+        }
+        let rest = [
+            Kernel::Conv(false, false),
+            Kernel::Conv(false, true),
+            Kernel::Conv(true, false),
+            Kernel::Conv(true, true),
+            Kernel::Moments,
+            Kernel::NormApply,
+            Kernel::Eltwise,
+            Kernel::Copy,
+            Kernel::Resize,
+            Kernel::Softmax,
+        ];
+        let mut r = 0;
+        while r < rest.len() {
+            all[n] = rest[r];
+            n += 1;
+            r += 1;
+        }
+        assert!(n == Kernel::COUNT, "Kernel::COUNT is the number of kernels");
+        all
+    };
+
+    pub const fn name(self) -> &'static str {
         match self {
             Kernel::Conv(false, false) => "nn_conv_ff",
             Kernel::Conv(false, true) => "nn_conv_fh",
@@ -369,39 +421,17 @@ impl Kernel {
     }
 }
 
-/// Every kernel of kernels/neural.cu, by name.
-pub const KERNEL_NAMES: [&str; 30] = [
-    "nn_conv_mma_hf_1",
-    "nn_conv_mma_hf_2",
-    "nn_conv_mma_hf_4",
-    "nn_conv_mma_hf_8",
-    "nn_conv_mma_hh_1",
-    "nn_conv_mma_hh_2",
-    "nn_conv_mma_hh_4",
-    "nn_conv_mma_hh_8",
-    "nn_conv_mma_hf_1_cl",
-    "nn_conv_mma_hf_2_cl",
-    "nn_conv_mma_hf_4_cl",
-    "nn_conv_mma_hf_8_cl",
-    "nn_conv_mma_hh_1_cl",
-    "nn_conv_mma_hh_2_cl",
-    "nn_conv_mma_hh_4_cl",
-    "nn_conv_mma_hh_8_cl",
-    "nn_conv_mma_hh_1_tp",
-    "nn_conv_mma_hh_2_tp",
-    "nn_conv_mma_hh_4_tp",
-    "nn_conv_mma_hh_8_tp",
-    "nn_conv_ff",
-    "nn_conv_fh",
-    "nn_conv_hf",
-    "nn_conv_hh",
-    "nn_moments",
-    "nn_norm_apply",
-    "nn_eltwise",
-    "nn_copy",
-    "nn_resize",
-    "nn_softmax",
-];
+/// Every kernel of kernels/neural.cu, by name (derived from [`Kernel::ALL`] and
+/// [`Kernel::name`], the one list of them).
+pub const KERNEL_NAMES: [&str; Kernel::COUNT] = {
+    let mut names = [""; Kernel::COUNT];
+    let mut i = 0;
+    while i < Kernel::COUNT {
+        names[i] = Kernel::ALL[i].name();
+        i += 1;
+    }
+    names
+};
 
 /// One kernel launch: its parameter block sits at `params` (an absolute device address).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -713,6 +743,26 @@ fn tensor_core_shape(l: &Lowered, s: &Stage) -> bool {
             .is_some_and(|(k, st, dil, groups)| groups == 1 && tc_tile_fits(k, st, dil))
 }
 
+/// Whether stage `i` runs on the tensor-core kernel: a shape it can run, reading fp16 or
+/// gathering through a folded stage. K is padded to 16 channels (a 3-channel stem packs taps
+/// instead, `tap_pack`). `build` launches by it and the channels-last plan follows it.
+fn on_tensor_cores(
+    l: &Lowered,
+    storage: &Storage,
+    half_of: &HashMap<String, bool>,
+    folds: &Folds,
+    i: usize,
+) -> bool {
+    let s = &l.stages[i];
+    storage.tensor_cores
+        && tensor_core_shape(l, s)
+        && (folds.input.contains_key(&i)
+            || s.nodes
+                .first()
+                .and_then(|n| n.input.first())
+                .is_some_and(|x| half_of.get(x) == Some(&true)))
+}
+
 /// What a tensor-core convolution's input gather folds in from the stage right before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Gather {
@@ -870,13 +920,7 @@ fn channels_last_values(
         return out;
     }
     let first_input = |s: &Stage| s.nodes.first().and_then(|n| n.input.first()).cloned();
-    // conv stages on the tensor cores, as `build` decides: fp16 input or a folded gather
-    let on_tensor_cores = |i: usize| {
-        let s = &l.stages[i];
-        tensor_core_shape(l, s)
-            && (folds.input.contains_key(&i)
-                || first_input(s).is_some_and(|x| half_of.get(&x) == Some(&true)))
-    };
+    let on_tensor_cores = |i: usize| on_tensor_cores(l, storage, half_of, folds, i);
     // stage i reads `v` only where a tensor-core convolution's kernel does
     let tensor_core_reader = |i: usize, v: &str| {
         let s = &l.stages[i];
@@ -1426,13 +1470,7 @@ pub fn build(
                     other => activation(other)?,
                 };
                 let (act, act_a, act_b) = act_code(act);
-                // tensor cores when the input is fp16, there is one group and the block's input
-                // tile fits (K is padded to 16 channels: a 3-channel 7x7 stem wastes 13/16 of
-                // the math and still wins)
-                let mma = storage.tensor_cores
-                    && (x.half || nhwc)
-                    && groups == 1
-                    && tc_tile_fits((kh, kw), (sh, sw), (dh, dw));
+                let mma = on_tensor_cores(l, storage, &half_of, &folds, i);
                 debug_assert!(
                     mma || (resize.is_none() && !nhwc && !y_nhwc && res.is_none()),
                     "a folded stage needs tensor cores"
@@ -1446,12 +1484,13 @@ pub fn build(
                     Some((_, rs)) => (rs[2] as i32, rs[3] as i32),
                     None => (xs[2] as i32, xs[3] as i32),
                 };
-                let channels_last_strides = |h: i32, w: i32, c: i32, nhwc: bool| {
+                // (channel, row, pixel) strides of an NHWC or NCHW tensor
+                let strides_of = |h: i32, w: i32, c: i32, nhwc: bool| {
                     if nhwc { (1, w * c, c) } else { (h * w, w, 1) }
                 };
                 let (x_cs, x_rs, x_ps) =
-                    channels_last_strides(h, w, cin as i32, nhwc || x.channels_last.is_some());
-                let (y_cs, y_rs, y_ps) = channels_last_strides(
+                    strides_of(h, w, cin as i32, nhwc || x.channels_last.is_some());
+                let (y_cs, y_rs, y_ps) = strides_of(
                     ys[2] as i32,
                     ys[3] as i32,
                     cout as i32,
@@ -1466,16 +1505,17 @@ pub fn build(
                 };
                 let cin_pad = (cin * pack).div_ceil(16) * 16;
                 let n_tiles = cout.div_ceil(8);
-                let wh = if mma && pack > 1 {
-                    let w = packed_weights(&wt.data, cout, cin, kh, kw, pack);
-                    let h = mma_weights(&w, cout, cin * pack, kh * kw.div_ceil(pack));
-                    st.put(bytemuck::cast_slice(&h))
-                } else if mma {
+                let wh = if mma {
+                    // a tap-packed convolution runs as one of cin * pack channels and fewer taps
+                    let packed;
+                    let (weights, k_cin, k_taps) = if pack > 1 {
+                        packed = packed_weights(&wt.data, cout, cin, kh, kw, pack);
+                        (&packed[..], cin * pack, kh * kw.div_ceil(pack))
+                    } else {
+                        (&wt.data[..], cin, kh * kw)
+                    };
                     st.put(bytemuck::cast_slice(&mma_weights(
-                        &wt.data,
-                        cout,
-                        cin,
-                        kh * kw,
+                        weights, cout, k_cin, k_taps,
                     )))
                 } else {
                     0
@@ -2235,6 +2275,25 @@ mod tests {
                 }
                 assert!((real - virt).abs() < 1e-4, "{oc} {ox}: {real} vs {virt}");
             }
+        }
+    }
+
+    #[test]
+    fn kernel_names_are_the_kernels_neural_cu_defines() {
+        let defined: Vec<&str> = super::super::KERNEL_SOURCE
+            .lines()
+            .filter_map(|line| line.strip_prefix("extern \"C\" __global__ void "))
+            .map(|rest| rest.split('(').next().unwrap().trim())
+            .collect();
+        let mut names = KERNEL_NAMES.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Kernel::COUNT, "a kernel name is given twice");
+        for name in &defined {
+            assert!(KERNEL_NAMES.contains(name), "{name} is not a Kernel");
+        }
+        for name in KERNEL_NAMES {
+            assert!(defined.contains(&name), "neural.cu defines no {name}");
         }
     }
 
