@@ -17,6 +17,9 @@
 //                      horizontal taps of a few-channel input (the stem) into one K chunk
 //   nn_moments         per-channel mean and variance (double sums; the last block of a channel
 //                      finishes it) and the temporal statistics smoother
+//   nn_moments_gram    the same for an fp16 tensor of <= 16 channels and for a 1x1 convolution
+//                      of it that only its statistics read, from the channels' Gram matrix
+//                      (tensor cores; the convolution is never run)
 //   nn_norm_apply      InstanceNormalization's (x - mean) / sqrt(var + eps) * scale + bias, act
 //   nn_eltwise         a fused chain of elementwise operators with broadcast operands
 //   nn_copy            strided 4-D copy (Transpose, Concat, Reshape and friends) with conversion
@@ -638,13 +641,45 @@ __device__ __forceinline__ double nn_block_sum(double v, double* shared)
     return s; // valid in thread 0
 }
 
-// grid (blocks per channel, channels), NN_MOMENTS_THREADS threads. Each block sums its share of
-// a channel's plane (sum and sum of squares, double); the last block of the channel (counted
-// with an atomic, reset by that block) adds the partials in a fixed order, writes mean and
-// variance, then applies the smoother:
+// Channel c's mean and variance (double, a negative variance clamped to 0) through the
+// statistics smoother, written as float:
 //   smoothing a = 0: the frame's own statistics (state untouched);
 //   first frame (state not primed, or control->reset): the frame's own, stored;
 //   else, per channel with finite statistics: state = a*state + (1-a)*frame, used.
+__device__ void nn_smooth_store(int c, double mean, double var, unsigned long long control,
+                                unsigned long long state_mean, unsigned long long state_var,
+                                unsigned long long state_primed, unsigned long long mean_out,
+                                unsigned long long var_out)
+{
+    if (var < 0.0)
+        var = 0.0;
+    float m = (float)mean, v = (float)var;
+    const NnControl* ctl = (const NnControl*)control;
+    const float a = ctl->smoothing;
+    if (a > 0.0f) {
+        float* sm = (float*)state_mean;
+        float* sv = (float*)state_var;
+        int* primed = (int*)state_primed;
+        if (!primed[c] || ctl->reset) {
+            sm[c] = m;
+            sv[c] = v;
+            primed[c] = 1;
+        } else if (isfinite(m) && isfinite(v)) {
+            const float b = 1.0f - a;
+            sm[c] = a * sm[c] + b * m;
+            sv[c] = a * sv[c] + b * v;
+            m = sm[c];
+            v = sv[c];
+        }
+    }
+    ((float*)mean_out)[c] = m;
+    ((float*)var_out)[c] = v;
+}
+
+// grid (blocks per channel, channels), NN_MOMENTS_THREADS threads. Each block sums its share of
+// a channel's plane (sum and sum of squares, double); the last block of the channel (counted
+// with an atomic, reset by that block) adds the partials in a fixed order, writes mean and
+// variance through the smoother (nn_smooth_store).
 extern "C" __global__ void nn_moments(const NnMoments* __restrict__ p)
 {
     __shared__ double shared[32];
@@ -710,29 +745,181 @@ extern "C" __global__ void nn_moments(const NnMoments* __restrict__ p)
     counter[c] = 0u;
     double mean = ts / (double)hw;
     double var = tss / (double)hw - mean * mean;
-    if (var < 0.0)
-        var = 0.0;
-    float m = (float)mean, v = (float)var;
-    const NnControl* ctl = (const NnControl*)p->control;
-    const float a = ctl->smoothing;
-    if (a > 0.0f) {
-        float* sm = (float*)p->state_mean;
-        float* sv = (float*)p->state_var;
-        int* primed = (int*)p->state_primed;
-        if (!primed[c] || ctl->reset) {
-            sm[c] = m;
-            sv[c] = v;
-            primed[c] = 1;
-        } else if (isfinite(m) && isfinite(v)) {
-            const float b = 1.0f - a;
-            sm[c] = a * sm[c] + b * m;
-            sv[c] = a * sv[c] + b * v;
-            m = sm[c];
-            v = sv[c];
+    nn_smooth_store(c, mean, var, p->control, p->state_mean, p->state_var, p->state_primed,
+                    p->mean, p->var);
+}
+
+// Gram moments (sm_80+) of an fp16 NCHW tensor x of C <= 16 channels: its per-channel sums and
+// the 16x16 sums of products x x^T over all pixels, from which it finishes x's own mean and
+// variance (when `mean` is set) and those of y = W x + b, a 1x1 convolution whose output only
+// its statistics read: mean_y = W mean_x + b, var_y[o] = w_o^T cov_x w_o. The convolution and
+// the pass over its output are never run.
+//
+// One step of a warp: 32 pixels. Lane (g, q) = (lane / 4, lane % 4) loads 8 halves of channel
+// g and of channel g + 8 at pixels 8q..8q+7 (16 bytes each) and feeds them as both A (channels
+// x pixels) and B (pixels x channels) fragments of two m16n8k16 mma per 16 pixels: a pixel's
+// place in K is any bijection, as long as A and B share it. The products of halves are exact
+// in the float accumulators; a block's warps add theirs in double (fixed order), then the last
+// block adds the blocks' partials in fixed order and finishes (NN_GRAM_SUMS values a block).
+__device__ __forceinline__ uint4 nn_gram_load(const unsigned short* __restrict__ plane,
+                                              long long hw, long long p, bool whole)
+{
+    if (whole)
+        return __ldg((const uint4*)(plane + p));
+    unsigned short h[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        h[k] = p + k < hw ? __ldg(plane + p + k) : (unsigned short)0;
+    return make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
+                      h[6] | (h[7] << 16));
+}
+
+__device__ __forceinline__ void nn_gram_mma(float (&d)[4], unsigned int a0, unsigned int a1,
+                                            unsigned int a2, unsigned int a3, unsigned int b0,
+                                            unsigned int b1)
+{
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif // the host launches it on sm_80+ only
+}
+
+__device__ __forceinline__ float nn_half_pair_sum(unsigned int w)
+{
+    return half_bits_to_float((unsigned short)(w & 0xffffu)) +
+           half_bits_to_float((unsigned short)(w >> 16));
+}
+
+extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(const NnMomentsGram* __restrict__ p)
+{
+    __shared__ double warp_sums[NN_GRAM_THREADS / 32][NN_GRAM_SUMS];
+    __shared__ double total[NN_GRAM_SUMS];
+    __shared__ int last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int warps = NN_GRAM_THREADS / 32;
+    const long long hw = p->hw;
+    const unsigned short* __restrict__ x = (const unsigned short*)p->x;
+    const bool lo_on = g < p->c, hi_on = g + 8 < p->c;
+    const unsigned short* lo_plane = x + (long long)(lo_on ? g : 0) * hw;
+    const unsigned short* hi_plane = x + (long long)(hi_on ? g + 8 : 0) * hw;
+    // 16-byte loads when every plane starts 16-byte aligned (the arena's buffers are)
+    const bool aligned = (hw & 7) == 0;
+    // NN_GRAM_UNROLL steps' loads in flight, then their mma; each round's float sums (32
+    // products an element a step) are added to double accumulators, so the float part never
+    // sums more than a round
+    double g0[4] = {0.0, 0.0, 0.0, 0.0}, g1[4] = {0.0, 0.0, 0.0, 0.0};
+    double t_lo = 0.0, t_hi = 0.0;
+    const long long step = (long long)gridDim.x * warps * 32;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (long long p0 = ((long long)blockIdx.x * warps + warp) * 32; p0 < hw;
+         p0 += NN_GRAM_UNROLL * step) {
+        uint4 lo[NN_GRAM_UNROLL], hi[NN_GRAM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < NN_GRAM_UNROLL; u++) {
+            const long long px = p0 + u * step + 8 * q;
+            const bool whole = aligned && px + 8 <= hw;
+            lo[u] = lo_on && px < hw ? nn_gram_load(lo_plane, hw, px, whole) : zero;
+            hi[u] = hi_on && px < hw ? nn_gram_load(hi_plane, hw, px, whole) : zero;
         }
+        float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
+        float s_lo = 0.f, s_hi = 0.f;
+#pragma unroll
+        for (int u = 0; u < NN_GRAM_UNROLL; u++) {
+            const uint4 a = lo[u], b = hi[u];
+            // pixels 8q+0..3 (K = 2q, 2q+1, 2q+8, 2q+9), then 8q+4..7
+            nn_gram_mma(d0, a.x, b.x, a.y, b.y, a.x, a.y);
+            nn_gram_mma(d1, a.x, b.x, a.y, b.y, b.x, b.y);
+            nn_gram_mma(d0, a.z, b.z, a.w, b.w, a.z, a.w);
+            nn_gram_mma(d1, a.z, b.z, a.w, b.w, b.z, b.w);
+            s_lo += (nn_half_pair_sum(a.x) + nn_half_pair_sum(a.y)) +
+                    (nn_half_pair_sum(a.z) + nn_half_pair_sum(a.w));
+            s_hi += (nn_half_pair_sum(b.x) + nn_half_pair_sum(b.y)) +
+                    (nn_half_pair_sum(b.z) + nn_half_pair_sum(b.w));
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            g0[k] += d0[k];
+            g1[k] += d1[k];
+        }
+        t_lo += s_lo;
+        t_hi += s_hi;
     }
-    ((float*)p->mean)[c] = m;
-    ((float*)p->var)[c] = v;
+    // the warp's sums: lanes of one g hold channel g's in four parts
+    t_lo += __shfl_xor_sync(0xffffffffu, t_lo, 1);
+    t_lo += __shfl_xor_sync(0xffffffffu, t_lo, 2);
+    t_hi += __shfl_xor_sync(0xffffffffu, t_hi, 1);
+    t_hi += __shfl_xor_sync(0xffffffffu, t_hi, 2);
+    double* ws = warp_sums[warp];
+    if (q == 0) {
+        ws[256 + g] = t_lo;
+        ws[256 + g + 8] = t_hi;
+    }
+    // accumulator (row, col) of the Gram matrix: d0 cols 0..7, d1 cols 8..15
+    ws[g * 16 + 2 * q] = g0[0];
+    ws[g * 16 + 2 * q + 1] = g0[1];
+    ws[(g + 8) * 16 + 2 * q] = g0[2];
+    ws[(g + 8) * 16 + 2 * q + 1] = g0[3];
+    ws[g * 16 + 8 + 2 * q] = g1[0];
+    ws[g * 16 + 8 + 2 * q + 1] = g1[1];
+    ws[(g + 8) * 16 + 8 + 2 * q] = g1[2];
+    ws[(g + 8) * 16 + 8 + 2 * q + 1] = g1[3];
+    __syncthreads();
+    double* partial = (double*)p->partial;
+    for (int i = threadIdx.x; i < NN_GRAM_SUMS; i += NN_GRAM_THREADS) {
+        double v = 0.0;
+        for (int w = 0; w < warps; w++)
+            v += warp_sums[w][i];
+        partial[(long long)blockIdx.x * NN_GRAM_SUMS + i] = v;
+    }
+    __threadfence();
+    __syncthreads();
+    unsigned int* counter = (unsigned int*)p->counter;
+    if (threadIdx.x == 0)
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    for (int i = threadIdx.x; i < NN_GRAM_SUMS; i += NN_GRAM_THREADS) {
+        double v = 0.0;
+#pragma unroll 8
+        for (int b = 0; b < (int)gridDim.x; b++)
+            v += __ldcg(partial + (long long)b * NN_GRAM_SUMS + i);
+        total[i] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        *counter = 0u;
+    const double n = (double)hw;
+    const int c = p->c;
+    // x's own statistics
+    if (p->mean && threadIdx.x < c) {
+        const int k = threadIdx.x;
+        const double mean = total[256 + k] / n;
+        nn_smooth_store(k, mean, total[k * 16 + k] / n - mean * mean, p->control, p->state_mean,
+                        p->state_var, p->state_primed, p->mean, p->var);
+    }
+    // the 1x1 convolution's: w_o^T (G / n - m m^T) w_o, in double
+    const float* __restrict__ w = (const float*)p->w;
+    for (int o = threadIdx.x; o < p->cout; o += NN_GRAM_THREADS) {
+        const float* wo = w + (long long)o * c;
+        double mean = p->b ? (double)((const float*)p->b)[o] : 0.0;
+        double wm = 0.0, quad = 0.0;
+        for (int i = 0; i < c; i++) {
+            const double mi = total[256 + i] / n;
+            wm += (double)wo[i] * mi;
+            double row = 0.0;
+            for (int j = 0; j < c; j++)
+                row += total[i * 16 + j] / n * (double)wo[j];
+            quad += (double)wo[i] * row;
+        }
+        mean += wm;
+        nn_smooth_store(o, mean, quad - wm * wm, p->control, p->y_state_mean, p->y_state_var,
+                        p->y_state_primed, p->y_mean, p->y_var);
+    }
 }
 
 // y = (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + bias[c], then the activation.
@@ -907,6 +1094,26 @@ __device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long 
     }
 }
 
+// The affine path over V consecutive elements a thread (grid-stride): the chain's coefficients
+// are worked out once per V values (the longer V, the less that costs a value).
+template <typename Idx, int V>
+__device__ __forceinline__ void nn_eltwise_affine_body(const NnEltwise& s)
+{
+    const Idx d1 = s.dims[1], d2 = s.dims[2], d3 = s.dims[3];
+    const Idx total = (Idx)s.dims[0] * d1 * d2 * d3 / V;
+    for (Idx iv = blockIdx.x * (Idx)blockDim.x + threadIdx.x; iv < total;
+         iv += (Idx)gridDim.x * blockDim.x) {
+        const Idx i = iv * V;
+        Idx r = i;
+        const int i3 = (int)(r % d3);
+        r /= d3;
+        const int i2 = (int)(r % d2);
+        r /= d2;
+        const int i1 = (int)(r % d1);
+        nn_eltwise_affine<V>(s, i, (int)(r / d1), i1, i2, i3);
+    }
+}
+
 // V consecutive elements along the last axis per thread (V = 4 when that axis allows it): the
 // index decomposition, operand offsets and the op dispatch are paid once per V values.
 template <typename Idx, int V>
@@ -985,7 +1192,12 @@ extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
     __syncthreads();
     const long long total = (long long)s.dims[0] * s.dims[1] * s.dims[2] * s.dims[3];
     const bool small = total + (long long)gridDim.x * blockDim.x < 2147483647ll;
-    if (s.dims[3] % NN_EW_VEC == 0) {
+    if (s.affine_x >= 0 && s.dims[3] % NN_EW_AFFINE_VEC == 0) {
+        if (small)
+            nn_eltwise_affine_body<unsigned int, NN_EW_AFFINE_VEC>(s);
+        else
+            nn_eltwise_affine_body<long long, NN_EW_AFFINE_VEC>(s);
+    } else if (s.dims[3] % NN_EW_VEC == 0) {
         if (small)
             nn_eltwise_body<unsigned int, NN_EW_VEC>(s);
         else

@@ -30,7 +30,13 @@ macro_rules! c_scalars {
     )*};
 }
 
-c_scalars!(i32 => "int", u32 => "unsigned int", f32 => "float", u64 => "unsigned long long");
+c_scalars!(
+    i32 => "int",
+    u32 => "unsigned int",
+    f32 => "float",
+    i64 => "long long",
+    u64 => "unsigned long long",
+);
 
 impl<T: CScalar, const N: usize> CType for [T; N]
 where

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use gst::prelude::*;
 use gsttoonflow::cuda::neural::NeuralGpu;
-use gsttoonflow::cuda::neural::program::Storage;
+use gsttoonflow::cuda::neural::program::{Kernel, Storage};
 use gsttoonflow::neural::Tensor;
 use gsttoonflow::neural::engine::{NeuralModel, Specialised};
 use gsttoonflow::neural::frame::{
@@ -343,6 +343,17 @@ fn programs_cover_every_stage() {
             let stages: Vec<usize> = p.launches.iter().map(|l| l.stage).collect();
             assert!(stages.windows(2).all(|w| w[0] <= w[1]), "launch order");
             for i in 0..spec.stage_count() {
+                if p.gram_stages.contains(&i) {
+                    // a 1x1 convolution, or its output's statistics, that the Gram moments of
+                    // its input stand for
+                    assert!(half, "{}: stage {i} by Gram moments in fp32", model.name());
+                    assert!(
+                        p.launches.iter().any(|l| l.kernel == Kernel::MomentsGram),
+                        "{}: stage {i} left to Gram moments that do not run",
+                        model.name()
+                    );
+                    continue;
+                }
                 if p.folded_stages.contains(&i) {
                     // a Resize or layout Transpose folded into the neighbouring stage's
                     // tensor-core convolution
@@ -502,6 +513,86 @@ fn tensor_core_chains_store_channels_last() {
                 }
             }
         }
+    }
+}
+
+/// Each self-modulated normalization (a tensor normalized by its own statistics and re-scaled
+/// by those of a 1x1 convolution of it) takes one Gram moments launch in fp16 (no GPU needed
+/// to plan): the convolution and the statistics pass over its output are gone, its output is
+/// not stored, and the arena is no larger. In fp32 (or without tensor cores) nothing changes.
+/// tiny_like has one (4 channels), hayao_like eight (4 to 16 channels); the real tiny one of
+/// 16 channels at full resolution, when the fixture is here.
+#[test]
+fn modulated_normalizations_take_gram_moments() {
+    use gsttoonflow::cuda::neural::program::build;
+    let mut models: Vec<(NeuralModel, usize)> = vec![
+        (
+            NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like").unwrap(),
+            1,
+        ),
+        (
+            NeuralModel::from_bytes(&encode_model(&hayao_like()), "hayao_like").unwrap(),
+            8,
+        ),
+    ];
+    models.extend(real_tiny().map(|m| (m, 1)));
+    for (model, expected) in &models {
+        let spec = model.specialise(96, 160).unwrap();
+        let count = |p: &gsttoonflow::cuda::neural::program::Program, k: Kernel| {
+            p.launches.iter().filter(|l| l.kernel == k).count()
+        };
+        let fp16 = build(&spec, &Storage::uniform(spec.stage_count(), true), 0, 0).unwrap();
+        let no_mma = build(
+            &spec,
+            &Storage {
+                half: vec![true; spec.stage_count()],
+                tensor_cores: false,
+            },
+            0,
+            0,
+        )
+        .unwrap();
+        let fp32 = build(&spec, &Storage::uniform(spec.stage_count(), false), 0, 0).unwrap();
+        let grams = count(&fp16, Kernel::MomentsGram);
+        println!(
+            "{}: {grams} Gram moments; fp16 {} launches ({} moments), without them {} ({}); \
+             arena {} B against {} B",
+            model.name(),
+            fp16.launches.len(),
+            count(&fp16, Kernel::Moments),
+            no_mma.launches.len(),
+            count(&no_mma, Kernel::Moments),
+            fp16.arena.arena_bytes,
+            no_mma.arena.arena_bytes,
+        );
+        assert_eq!(grams, *expected, "{}", model.name());
+        assert_eq!(fp16.gram_stages.len(), 2 * grams);
+        assert_eq!(
+            count(&no_mma, Kernel::MomentsGram) + count(&fp32, Kernel::MomentsGram),
+            0
+        );
+        // each takes the place of two statistics passes (the tensor's and the convolution's)
+        // and the convolution
+        assert_eq!(
+            count(&fp16, Kernel::Moments) + 2 * grams,
+            count(&no_mma, Kernel::Moments),
+            "{}",
+            model.name()
+        );
+        let l = spec.lowered();
+        for &i in &fp16.gram_stages {
+            assert!(fp16.launches.iter().all(|x| x.stage != i));
+            let s = &l.stages[i];
+            if s.stats.is_none() {
+                assert!(s.nodes.last().is_some_and(|n| n.op_type == "Conv"));
+                assert!(
+                    fp16.stage_outputs[i].is_empty(),
+                    "conv stage {i} stores its output"
+                );
+            }
+        }
+        assert!(fp16.arena.arena_bytes <= no_mma.arena.arena_bytes);
+        fp16.arena.validate().unwrap();
     }
 }
 

@@ -569,7 +569,10 @@ impl NeuralGpu {
                     .program
                     .launches
                     .iter()
-                    .position(|l| l.stage == sp.stage && l.kernel == Kernel::Moments)
+                    .position(|l| {
+                        l.stage == sp.stage
+                            && matches!(l.kernel, Kernel::Moments | Kernel::MomentsGram)
+                    })
                     .map_or(from, |p| p + 1);
                 self.enqueue_range(from, to)?;
                 from = to;

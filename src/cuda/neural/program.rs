@@ -37,12 +37,23 @@ pub const TC_MIN_BLOCKS: u32 = 512;
 const TC_PIX: usize = 24;
 pub const TC_TILE_HALVES: usize = 14336;
 pub const MOMENTS_THREADS: u32 = 256;
+/// Gram moments: threads and most blocks of a launch, channels (the mma's 16 rows) and the
+/// sums a block writes (the 16x16 products, then the 16 channel sums).
+pub const GRAM_THREADS: u32 = 512;
+pub const GRAM_MAX_BLOCKS: u32 = 128;
+pub const GRAM_CHANNELS: usize = 16;
+pub const GRAM_SUMS: usize = GRAM_CHANNELS * GRAM_CHANNELS + GRAM_CHANNELS;
+/// Warp steps of a Gram moments round (their loads in flight together).
+pub const GRAM_UNROLL: usize = 4;
 pub const ELEMENTWISE_THREADS: u32 = 256;
 /// Ops and operands one fused elementwise launch carries.
 pub const EW_MAX_OPS: usize = 16;
 pub const EW_MAX_OPERANDS: usize = 8;
 /// Elements one elementwise thread computes along the last axis (when it divides that axis).
 pub const EW_VEC: usize = 8;
+/// Elements one thread of an affine chain computes (when it divides the last axis): its
+/// coefficients are worked out once for all of them.
+pub const EW_AFFINE_VEC: usize = 32;
 
 // Elementwise opcodes (binary first, then unary from NN_EW_FIRST_UNARY).
 const EW_ADD: i32 = 1;
@@ -170,6 +181,37 @@ pub struct NnMoments {
 }
 
 kernel_struct! {
+/// Gram moments (`nn_moments_gram`): an fp16 tensor's statistics and those of a 1x1
+/// convolution of it that only its statistics read (`gram_moments`).
+pub struct NnMomentsGram {
+    pub x: u64,
+    /// double [blocks][GRAM_SUMS] scratch.
+    pub partial: u64,
+    /// One u32, zero between launches.
+    pub counter: u64,
+    pub control: u64,
+    /// x's own statistics and smoother state (`mean` 0: x has none).
+    pub mean: u64,
+    pub var: u64,
+    pub state_mean: u64,
+    pub state_var: u64,
+    pub state_primed: u64,
+    /// The convolution: weights f32 [cout][c], bias f32 [cout] or 0.
+    pub w: u64,
+    pub b: u64,
+    /// Its output's statistics and smoother state.
+    pub y_mean: u64,
+    pub y_var: u64,
+    pub y_state_mean: u64,
+    pub y_state_var: u64,
+    pub y_state_primed: u64,
+    pub hw: i64,
+    pub c: i32,
+    pub cout: i32,
+}
+}
+
+kernel_struct! {
 /// InstanceNormalization's application (after its statistics).
 pub struct NnNormApply {
     pub x: u64,
@@ -263,6 +305,10 @@ pub fn header() -> String {
         Define::int("NN_TC_ROWS", TC_ROWS as i64),
         Define::int("NN_TC_COLS", TC_COLS as i64),
         Define::int("NN_EW_VEC", EW_VEC as i64),
+        Define::int("NN_GRAM_THREADS", GRAM_THREADS as i64),
+        Define::int("NN_GRAM_SUMS", GRAM_SUMS as i64),
+        Define::int("NN_GRAM_UNROLL", GRAM_UNROLL as i64),
+        Define::int("NN_EW_AFFINE_VEC", EW_AFFINE_VEC as i64),
         Define::int("NN_EW_ADD", EW_ADD),
         Define::int("NN_EW_SUB", EW_SUB),
         Define::int("NN_EW_MUL", EW_MUL),
@@ -294,6 +340,7 @@ pub fn header() -> String {
             NnConv::c_declaration(),
             NnControl::c_declaration(),
             NnMoments::c_declaration(),
+            NnMomentsGram::c_declaration(),
             NnNormApply::c_declaration(),
             NnEltwise::c_declaration(),
             NnCopy::c_declaration(),
@@ -325,6 +372,7 @@ pub enum Kernel {
     /// one gather's registers do not cost another occupancy).
     ConvMma(bool, u8, MmaGather),
     Moments,
+    MomentsGram,
     NormApply,
     Eltwise,
     Copy,
@@ -334,7 +382,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 30;
+    pub const COUNT: usize = 31;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -369,6 +417,7 @@ impl Kernel {
             Kernel::Conv(true, false),
             Kernel::Conv(true, true),
             Kernel::Moments,
+            Kernel::MomentsGram,
             Kernel::NormApply,
             Kernel::Eltwise,
             Kernel::Copy,
@@ -412,6 +461,7 @@ impl Kernel {
             Kernel::ConvMma(_, 4, MmaGather::TapPacked) => "nn_conv_mma_hh_4_tp",
             Kernel::ConvMma(_, _, MmaGather::TapPacked) => "nn_conv_mma_hh_8_tp",
             Kernel::Moments => "nn_moments",
+            Kernel::MomentsGram => "nn_moments_gram",
             Kernel::NormApply => "nn_norm_apply",
             Kernel::Eltwise => "nn_eltwise",
             Kernel::Copy => "nn_copy",
@@ -518,6 +568,9 @@ pub struct Program {
     /// Stages with no launch of their own: Resizes and layout Transposes folded into the
     /// neighbouring stage's tensor-core convolution.
     pub folded_stages: Vec<usize>,
+    /// A 1x1 convolution and its output's normalization that the Gram moments of its input
+    /// stand for (`gram_moments`: no launch, no stored output).
+    pub gram_stages: Vec<usize>,
 }
 
 fn aligned(b: u64) -> u64 {
@@ -902,6 +955,89 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
     f
 }
 
+/// A 1x1 convolution whose output only a normalization's statistics read, of an fp16 NCHW
+/// tensor x of at most [`GRAM_CHANNELS`] channels that has statistics of its own (the
+/// self-modulated normalization of AnimeGANv3: x normalized by its own statistics, re-scaled
+/// by those of a 1x1 convolution of x). `nn_moments_gram` finishes both at x's normalize
+/// stage from x's Gram matrix (the convolution's output statistics are a linear and a
+/// quadratic form of x's mean and covariance); the convolution and the pass over its output
+/// do not run, and its output is not stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Gram {
+    /// x's normalize stage (the launch's place).
+    own: usize,
+    /// The convolution stage and its output's normalize stage (no launch of their own).
+    conv: usize,
+    norm: usize,
+}
+
+fn gram_moments(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Vec<Gram> {
+    let mut grams = Vec::new();
+    if !storage.tensor_cores {
+        return grams;
+    }
+    let plain_stats_of = |v: &str| {
+        l.stages.iter().position(|r| {
+            r.kind == StageKind::Normalize
+                && r.stats
+                    .as_ref()
+                    .is_some_and(|st| st.input == v && st.instance.is_none())
+        })
+    };
+    for (conv, s) in l.stages.iter().enumerate() {
+        // [Pad] Conv, no activation after it, one output
+        let [.., c] = s.nodes.as_slice() else {
+            continue;
+        };
+        if s.kind != StageKind::Conv
+            || c.op_type != "Conv"
+            || s.nodes.len() > 2
+            || s.outputs.len() != 1
+        {
+            continue;
+        }
+        let (Some((k, stride, _, 1)), Some(w)) =
+            (conv_geometry(l, s), const_floats(l, &c.input[1]))
+        else {
+            continue;
+        };
+        let x = &s.nodes[0].input[0];
+        let v = &s.outputs[0];
+        let (Some(xs), Some(vs)) = (l.shapes.get(x), l.shapes.get(v)) else {
+            continue;
+        };
+        // a 1x1, stride-1 convolution that keeps the size pads nothing
+        let biased = c.input.get(2).is_some_and(|b| !b.is_empty());
+        if k != (1, 1)
+            || stride != (1, 1)
+            || xs.len() != 4
+            || xs[0] != 1
+            || xs[1] > GRAM_CHANNELS
+            || vs.len() != 4
+            || xs[2..] != vs[2..]
+            || w.shape[1] != xs[1]
+            || (biased && const_floats(l, &c.input[2]).is_none())
+            || half_of.get(x) != Some(&true)
+            || *v == l.output
+        {
+            continue;
+        }
+        let (Some(norm), Some(own)) = (only_reader(l, v), plain_stats_of(x)) else {
+            continue;
+        };
+        if plain_stats_of(v) == Some(norm) && own < norm {
+            grams.push(Gram { own, conv, norm });
+        }
+    }
+    grams
+}
+
+/// Blocks of a Gram moments launch over `hw` pixels: about 16 warp steps of 32 pixels a warp.
+pub fn gram_blocks(hw: u64) -> u32 {
+    hw.div_ceil(32 * 16 * (GRAM_THREADS as u64 / 32))
+        .clamp(1, GRAM_MAX_BLOCKS as u64) as u32
+}
+
 /// Values stored channels-last (NHWC): fp16 activations that a tensor-core convolution's
 /// epilogue writes (its own output, or a residual Add folded into it) and that only
 /// tensor-core convolutions read (their gather, directly or through a folded Resize, or the
@@ -1140,6 +1276,10 @@ pub fn build(
         not_stored.insert(l.stages[conv].outputs[0].as_str(), ());
         written_by.insert(l.stages[*add].outputs[0].as_str(), conv as u32);
     }
+    let grams = gram_moments(l, storage, &half_of);
+    for g in &grams {
+        not_stored.insert(l.stages[g.conv].outputs[0].as_str(), ());
+    }
     let bytes_of = |v: &str| elements(v) * if half_of.get(v) == Some(&true) { 2 } else { 4 };
     let last = |v: &str, first: u32| {
         last_use
@@ -1232,7 +1372,12 @@ pub fn build(
         }
     }
     let counter = st.reserve(4 * max_c.max(1));
-    let partial = st.reserve(16 * max_c.max(1) * max_blocks);
+    let gram_partial = if grams.is_empty() {
+        0
+    } else {
+        8 * GRAM_SUMS as u64 * GRAM_MAX_BLOCKS as u64
+    };
+    let partial = st.reserve((16 * max_c.max(1) * max_blocks).max(gram_partial));
     let mut stats = Vec::new();
     let mut stats_of: HashMap<usize, (u64, u64, u64, u64, u64)> = HashMap::new();
     for (i, s) in l.stages.iter().enumerate() {
@@ -1293,6 +1438,58 @@ pub fn build(
             ))
         };
         match s.kind {
+            StageKind::Conv if grams.iter().any(|g| g.conv == i) => {
+                // its output's statistics come from the Gram moments of its input
+            }
+            StageKind::Normalize if grams.iter().any(|g| g.norm == i) => {
+                // finished by the Gram moments at its input's normalize stage
+            }
+            StageKind::Normalize if grams.iter().any(|g| g.own == i) => {
+                let g = grams.iter().find(|g| g.own == i).expect("a Gram stage");
+                let stx = s.stats.as_ref().expect("normalize stage has statistics");
+                let x = place(&places, &mut st, &stx.input)?;
+                let xs = &l.shapes[&stx.input];
+                let hw = xs[2] * xs[3];
+                let conv = l.stages[g.conv]
+                    .nodes
+                    .last()
+                    .expect("a Gram convolution stage ends in its Conv");
+                let w = st.floats(&const_floats(l, &conv.input[1]).expect("Gram weights").data);
+                let b = match conv.input.get(2).filter(|b| !b.is_empty()) {
+                    Some(b) => st.floats(&const_floats(l, b).expect("Gram bias").data),
+                    None => 0,
+                };
+                let (mean, var, state_mean, state_var, state_primed) = stats_of[&i];
+                let (y_mean, y_var, y_state_mean, y_state_var, y_state_primed) = stats_of[&g.norm];
+                let p = NnMomentsGram {
+                    x: x.addr,
+                    partial,
+                    counter,
+                    control,
+                    mean,
+                    var,
+                    state_mean,
+                    state_var,
+                    state_primed,
+                    w,
+                    b,
+                    y_mean,
+                    y_var,
+                    y_state_mean,
+                    y_state_var,
+                    y_state_primed,
+                    hw: hw as i64,
+                    c: xs[1] as i32,
+                    cout: l.shapes[&l.stages[g.conv].outputs[0]][1] as i32,
+                };
+                blocks.push((
+                    Kernel::MomentsGram,
+                    bytemuck::bytes_of(&p).to_vec(),
+                    (gram_blocks(hw as u64), 1, 1),
+                    (GRAM_THREADS, 1, 1),
+                    i,
+                ));
+            }
             StageKind::Conv => {
                 let conv_at = s
                     .nodes
@@ -1821,10 +2018,18 @@ pub fn build(
                     prev = Some(n.output[0].as_str());
                 }
                 p.n_ops = s.nodes.len() as i32;
-                let per_thread = if od[3] % EW_VEC == 0 { EW_VEC } else { 1 };
+                let vec = od[3] % EW_VEC == 0;
                 (p.affine_x, p.affine_ops) = match affine_chain(&p, operands.len()) {
-                    Some((x, ops)) if per_thread == EW_VEC => (x as i32, ops as i32),
+                    Some((x, ops)) if vec => (x as i32, ops as i32),
                     _ => (-1, 0),
+                };
+                // as nn_eltwise picks its path
+                let per_thread = if p.affine_x >= 0 && od[3] % EW_AFFINE_VEC == 0 {
+                    EW_AFFINE_VEC
+                } else if vec {
+                    EW_VEC
+                } else {
+                    1
                 };
                 let total = (od.iter().product::<usize>() / per_thread) as u64;
                 blocks.push((
@@ -2046,8 +2251,11 @@ pub fn build(
         .collect();
     let mut folded_stages: Vec<usize> = (0..n_stages).filter(|&i| folds.folded(i)).collect();
     folded_stages.sort_unstable();
+    let mut gram_stages: Vec<usize> = grams.iter().flat_map(|g| [g.conv, g.norm]).collect();
+    gram_stages.sort_unstable();
     Ok(Program {
         folded_stages,
+        gram_stages,
         stage_outputs,
         arena,
         static_bytes,
@@ -2283,6 +2491,11 @@ mod tests {
         let defined: Vec<&str> = super::super::KERNEL_SOURCE
             .lines()
             .filter_map(|line| line.strip_prefix("extern \"C\" __global__ void "))
+            // a declaration may carry __launch_bounds__(...) before the name
+            .map(|rest| match rest.strip_prefix("__launch_bounds__(") {
+                Some(bounded) => bounded.split_once(')').unwrap().1,
+                None => rest,
+            })
             .map(|rest| rest.split('(').next().unwrap().trim())
             .collect();
         let mut names = KERNEL_NAMES.to_vec();
