@@ -214,6 +214,16 @@ pub(crate) fn compile_cached<K: Eq + std::hash::Hash>(
     Ok((ptx, ms))
 }
 
+/// How a build's PTX came, for the log: "NVRTC 812.5 ms", or "cached PTX" for 0 ms (this
+/// process's cache or the disk cache; NVRTC did not run).
+pub fn build_note(compile_ms: f64) -> String {
+    if compile_ms == 0.0 {
+        "cached PTX".into()
+    } else {
+        format!("NVRTC {compile_ms:.1} ms")
+    }
+}
+
 /// Compiles the kernels to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
 pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaError> {
     compile_cached(
