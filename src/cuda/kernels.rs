@@ -1,6 +1,6 @@
 //! NVRTC build of `kernels/toonflow.cu` for the device's own architecture, cached per process
 //! by (architecture, precision) for the PTX and by (device, precision) for the loaded module,
-//! and the NVRTC build every kernel file goes through ([`compile_cached`]: the per-process cache,
+//! and the NVRTC build every kernel file goes through (`compile_cached`: the per-process cache,
 //! then the disk cache of [`ptx_cache`], then NVRTC).
 
 use std::collections::HashMap;

@@ -148,8 +148,8 @@ fn invalid(why: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, why.to_string())
 }
 
-/// The PTX in the cache file `path`, written by [`write`] for `arch`. An error when the file is
-/// missing or unreadable, or is not what [`write`] wrote (truncated, changed, empty, PTX without
+/// The PTX in the cache file `path`, written by [`write()`] for `arch`. An error when the file is
+/// missing or unreadable, or is not what [`write()`] wrote (truncated, changed, empty, PTX without
 /// a `.version` line or for another architecture).
 pub fn read(path: &Path, arch: &str) -> io::Result<String> {
     let text = fs::read_to_string(path)?;
