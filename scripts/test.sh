@@ -11,6 +11,11 @@ ensure_deps
 # test fails instead of skipping when it is missing.
 ensure_nvrtc
 export TOONFLOW_REQUIRE_NVRTC=1
+# NVRTC's PTX is cached on disk across processes (src/cuda/ptx_cache.rs): the tests use their own
+# cache under target/, emptied here, never the user's ~/.cache; so every kernel build is compiled
+# by NVRTC once per run, and test executables after the first read it back.
+export TOONFLOW_KERNEL_CACHE=${CARGO_TARGET_DIR:-$ROOT/target}/kernel-cache
+rm -rf "$TOONFLOW_KERNEL_CACHE"
 
 start=$(date +%s)
 set -x
@@ -19,8 +24,9 @@ cargo clippy --all-targets -- -D warnings
 cargo build --release
 cargo test --release
 # The kernel compile test and the GPU tests again with their output shown: which architectures
-# compiled, and why the GPU tests skipped on a machine without CUDA.
-cargo test --release --test nvrtc_compile -- --nocapture 2>&1 | grep -E "compiled|skipped|test result"
+# compiled (now read back from the kernel cache), and why the GPU tests skipped on a machine
+# without CUDA.
+cargo test --release --test nvrtc_compile -- --nocapture 2>&1 | grep -E "compiled|kernel cache|skipped|test result"
 cargo test --release --test cuda_parity --test cuda_report --test cuda_faults -- --nocapture 2>&1 \
   | grep -E "skipped|test result|parity|PSNR|timing"
 # Benchmark smoke test (the toonflow-bench binary; skipped while it does not exist yet).

@@ -5,10 +5,14 @@
 //! CI runs this: scripts/test.sh installs NVIDIA's NVRTC wheel (scripts/common.sh,
 //! `ensure_nvrtc`) and sets TOONFLOW_REQUIRE_NVRTC=1, which turns a missing NVRTC into a
 //! failure. Elsewhere, without NVRTC, the test prints "skipped: <why>" and passes.
+//!
+//! The builds go through the disk cache of NVRTC's PTX (`cuda::ptx_cache`; scripts/test.sh points
+//! `TOONFLOW_KERNEL_CACHE` at a directory under target/ that it empties first): a build another
+//! test executable already made is read back and printed as "from the kernel cache".
 
 use std::panic::catch_unwind;
 
-use gsttoonflow::cuda::kernels::{KERNEL_FILE, KERNEL_NAMES, compile};
+use gsttoonflow::cuda::kernels::{KERNEL_FILE, KERNEL_NAMES, compile, compile_with_disk_cache};
 use gsttoonflow::cuda::{neural, neural_frame};
 use gsttoonflow::pipeline::Precision;
 
@@ -64,6 +68,15 @@ fn skipped_without_nvrtc() -> bool {
     true
 }
 
+/// "in N ms", or where the PTX came from when NVRTC did not run.
+fn took(ms: f64) -> String {
+    if ms == 0.0 {
+        "from the kernel cache".into()
+    } else {
+        format!("in {ms:.0} ms")
+    }
+}
+
 #[test]
 fn kernels_compile_for_every_target_architecture_and_precision() {
     if skipped_without_nvrtc() {
@@ -92,9 +105,10 @@ fn kernels_compile_for_every_target_architecture_and_precision() {
                 );
             }
             println!(
-                "compiled {KERNEL_FILE} for {arch} {precision:?}: {} kernels, {} bytes of PTX in {ms:.0} ms",
+                "compiled {KERNEL_FILE} for {arch} {precision:?}: {} kernels, {} bytes of PTX {}",
                 KERNEL_NAMES.len(),
-                ptx.len()
+                ptx.len(),
+                took(ms)
             );
         }
     }
@@ -128,9 +142,10 @@ fn compile_everywhere(
             );
         }
         println!(
-            "compiled {file} for {arch}: {} kernels, {} bytes of PTX in {ms:.0} ms",
+            "compiled {file} for {arch}: {} kernels, {} bytes of PTX {}",
             names.len(),
-            ptx.len()
+            ptx.len(),
+            took(ms)
         );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -151,4 +166,65 @@ fn neural_frame_kernels_compile_for_every_target_architecture() {
         &neural_frame::KERNEL_NAMES,
         neural_frame::compile,
     );
+}
+
+/// The disk cache with the real NVRTC: kernels/neural_frame.cu (the small file) compiled into an
+/// empty directory, then read back (no NVRTC: 0 ms) as the same PTX; a truncated file is compiled
+/// again and rewritten.
+#[test]
+fn a_second_build_reads_the_ptx_from_the_disk_cache() {
+    if skipped_without_nvrtc() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "toonflow-nvrtc-cache-{}-{:?}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    let source = neural_frame::full_source();
+    let build = || {
+        compile_with_disk_cache(
+            Some(&dir),
+            neural_frame::KERNEL_FILE,
+            "sm_90",
+            &source,
+            false,
+        )
+        .unwrap()
+    };
+    let files = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect()
+    };
+    let (first, ms) = build();
+    assert!(ms > 0.0, "an empty cache: NVRTC ran");
+    let written = files();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let name = written[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        name.starts_with("neural_frame-sm_90-") && name.ends_with(".ptx"),
+        "{name}"
+    );
+    let (second, ms) = build();
+    assert_eq!(ms, 0.0, "the second build is read from {name}");
+    assert_eq!(second, first);
+    // A truncated file (a crash while writing, a full disk) is compiled again and rewritten.
+    let whole = std::fs::read(&written[0]).unwrap();
+    std::fs::write(&written[0], &whole[..whole.len() / 2]).unwrap();
+    let (third, ms) = build();
+    assert!(ms > 0.0, "the truncated file was not used");
+    assert_eq!(third, first);
+    assert_eq!(std::fs::read(&written[0]).unwrap(), whole);
+    assert_eq!(build(), (first, 0.0));
+    println!("kernel cache: {name} written, read back, rewritten after truncation");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

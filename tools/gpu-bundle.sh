@@ -106,6 +106,8 @@ export GST_PLUGIN_PATH=$H/plugins
 export TOONFLOW_PLUGIN_DIR=$H/plugins
 export GST_PLUGIN_SCANNER=$H/gst/bin/gst-plugin-scanner
 export GST_REGISTRY=/tmp/gst-registry-$$.bin
+# NVRTC's PTX cache (src/cuda/ptx_cache.rs) in the bundle, not the machine's ~/.cache.
+export TOONFLOW_KERNEL_CACHE=${TOONFLOW_KERNEL_CACHE:-$H/kernel-cache}
 export FREI0R_PATH=$H/frei0r
 export PATH=$H/gst/bin:$H/bin:$PATH
 ENV

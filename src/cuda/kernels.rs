@@ -1,8 +1,12 @@
 //! NVRTC build of `kernels/toonflow.cu` for the device's own architecture, cached per process
-//! by (architecture, precision) for the PTX and by (device, precision) for the loaded module.
+//! by (architecture, precision) for the PTX and by (device, precision) for the loaded module,
+//! and the NVRTC build every kernel file goes through (`compile_cached`: the per-process cache,
+//! then the disk cache of [`ptx_cache`], then NVRTC).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::panic::catch_unwind;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaFunction};
@@ -14,6 +18,7 @@ use super::abi;
 use super::context::{describe, guard};
 use super::error::{CudaError, driver};
 use super::fault::{Fault, injected};
+use super::ptx_cache;
 use crate::pipeline::Precision;
 
 /// The kernel source, embedded at build time (without the ABI header, see [`full_source`]).
@@ -86,29 +91,39 @@ pub fn full_source(precision: Precision) -> String {
     )
 }
 
-/// NVRTC over one kernel file's translation unit `src` for `arch`, with the project's options
-/// (IEEE division and square root, no flush to zero, FMA contraction only when `fmad`); with
+/// NVRTC's options for `arch`, the exact list [`compile_to_ptx`] passes (and the disk cache's
+/// key covers): IEEE division and square root, no flush to zero, FMA contraction only when
+/// `fmad`.
+fn nvrtc_options(arch: &str, fmad: bool) -> Vec<String> {
+    vec![
+        "--ftz=false".into(),
+        "--prec-sqrt=true".into(),
+        "--prec-div=true".into(),
+        format!("--fmad={fmad}"),
+        format!("--gpu-architecture={arch}"),
+        "--std=c++14".into(),
+    ]
+}
+
+/// NVRTC over one kernel file's translation unit `src` with `options` ([`nvrtc_options`]); with
 /// `broken` (the injected compile fault) NVRTC fails on an `#error` line.
-pub(crate) fn compile_to_ptx(
+fn compile_to_ptx(
     file: &'static str,
     arch: &str,
-    mut src: String,
-    fmad: bool,
+    src: &str,
+    options: Vec<String>,
     broken: bool,
 ) -> Result<Ptx, CudaError> {
     let opts = CompileOptions {
-        fmad: Some(fmad),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        ftz: Some(false),
-        use_fast_math: Some(false),
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++14".into()],
+        options,
         name: Some(file.into()),
         ..Default::default()
     };
-    if broken {
-        src.push_str("\n#error \"fault injected by TOONFLOW_CUDA_FAULT=compile\"\n");
-    }
+    let src = if broken {
+        format!("{src}\n#error \"fault injected by TOONFLOW_CUDA_FAULT=compile\"\n")
+    } else {
+        src.to_string()
+    };
     guard("NVRTC", || {
         cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|source| CudaError::Compile {
             file,
@@ -118,9 +133,65 @@ pub(crate) fn compile_to_ptx(
     })
 }
 
-/// PTX from `cache` under `key`, else compiled from `source()` by [`compile_to_ptx`] and
-/// cached (not under `TOONFLOW_CUDA_FAULT=compile`, which makes NVRTC fail); returns the PTX
-/// and NVRTC's milliseconds (0 on a cache hit).
+/// The loaded NVRTC's version (part of the disk cache's key), or None when NVRTC does not load.
+fn nvrtc_version() -> Option<(i32, i32)> {
+    static VERSION: OnceLock<Option<(i32, i32)>> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        // SAFETY: `is_culib_present` only tries to dlopen NVRTC; `nvrtcVersion` writes two ints.
+        // cudarc may panic when the library or the symbol is missing: that means None.
+        catch_unwind(|| unsafe {
+            if !cudarc::nvrtc::sys::is_culib_present() {
+                return None;
+            }
+            let (mut major, mut minor) = (0, 0);
+            cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor)
+                .result()
+                .ok()
+                .map(|()| (major, minor))
+        })
+        .ok()
+        .flatten()
+    })
+}
+
+/// NVRTC's PTX of `source` (the translation unit `file`) for `arch`, through the disk cache in
+/// `dir` ([`ptx_cache`]; None: no disk cache): the cached file when it is there and whole, else
+/// compiled and written there. Returns the PTX and NVRTC's milliseconds (0 when read from the
+/// cache). A cache that cannot be read or written only costs the compile; errors are NVRTC's.
+pub fn compile_with_disk_cache(
+    dir: Option<&Path>,
+    file: &'static str,
+    arch: &str,
+    source: &str,
+    fmad: bool,
+) -> Result<(String, f64), CudaError> {
+    let options = nvrtc_options(arch, fmad);
+    let path = dir.and_then(|dir| {
+        let nvrtc = nvrtc_version()?;
+        Some(dir.join(ptx_cache::file_name(&ptx_cache::Build {
+            file,
+            arch,
+            options: &options,
+            source,
+            nvrtc,
+        })))
+    });
+    if let Some(ptx) = path.as_ref().and_then(|p| ptx_cache::read(p, arch).ok()) {
+        return Ok((ptx, 0.0));
+    }
+    let start = Instant::now();
+    let ptx = compile_to_ptx(file, arch, source, options, false)?.to_src();
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    if let Some(path) = &path {
+        // A failed write (read-only or full disk) only means compiling again next time.
+        let _ = ptx_cache::write(path, &ptx);
+    }
+    Ok((ptx, ms))
+}
+
+/// PTX from `cache` under `key`, else from the disk cache ([`ptx_cache::dir`]), else compiled
+/// from `source()` by NVRTC and cached in both; returns the PTX and NVRTC's milliseconds (0 on a
+/// cache hit). Under `TOONFLOW_CUDA_FAULT=compile` both caches are passed by and NVRTC fails.
 pub(crate) fn compile_cached<K: Eq + std::hash::Hash>(
     cache: &Mutex<HashMap<K, String>>,
     key: K,
@@ -129,45 +200,40 @@ pub(crate) fn compile_cached<K: Eq + std::hash::Hash>(
     source: impl FnOnce() -> String,
     fmad: bool,
 ) -> Result<(String, f64), CudaError> {
-    let broken = injected(Fault::Compile);
-    if let Some(ptx) = cache.lock().get(&key).filter(|_| !broken) {
+    if injected(Fault::Compile) {
+        let start = Instant::now();
+        let ptx = compile_to_ptx(file, arch, &source(), nvrtc_options(arch, fmad), true)?;
+        return Ok((ptx.to_src(), start.elapsed().as_secs_f64() * 1e3));
+    }
+    if let Some(ptx) = cache.lock().get(&key) {
         return Ok((ptx.clone(), 0.0));
     }
-    let start = Instant::now();
-    let text = compile_to_ptx(file, arch, source(), fmad, broken)?.to_src();
-    if !broken {
-        cache.lock().insert(key, text.clone());
+    let (ptx, ms) =
+        compile_with_disk_cache(ptx_cache::dir().as_deref(), file, arch, &source(), fmad)?;
+    cache.lock().insert(key, ptx.clone());
+    Ok((ptx, ms))
+}
+
+/// How a build's PTX came, for the log: "NVRTC 812.5 ms", or "cached PTX" for 0 ms (this
+/// process's cache or the disk cache; NVRTC did not run).
+pub fn build_note(compile_ms: f64) -> String {
+    if compile_ms == 0.0 {
+        "cached PTX".into()
+    } else {
+        format!("NVRTC {compile_ms:.1} ms")
     }
-    Ok((text, start.elapsed().as_secs_f64() * 1e3))
 }
 
 /// Compiles the kernels to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
 pub fn compile(arch: &str, precision: Precision) -> Result<(String, f64), CudaError> {
-    let broken = injected(Fault::Compile);
-    if let Some(ptx) = PTX_CACHE
-        .lock()
-        .get(&(arch.to_string(), precision))
-        .filter(|_| !broken)
-    {
-        return Ok((ptx.clone(), 0.0));
-    }
-    let start = Instant::now();
-    let ptx = compile_to_ptx(
+    compile_cached(
+        &PTX_CACHE,
+        (arch.to_string(), precision),
         KERNEL_FILE,
         arch,
-        full_source(precision),
+        || full_source(precision),
         !exact_math(),
-        broken,
-    )?;
-    let text = ptx.to_src();
-    if broken {
-        return Ok((text, 0.0));
-    }
-    let ms = start.elapsed().as_secs_f64() * 1e3;
-    PTX_CACHE
-        .lock()
-        .insert((arch.to_string(), precision), text.clone());
-    Ok((text, ms))
+    )
 }
 
 /// The kernels of `precision` loaded into `ctx` (compiled on first use in this process).

@@ -5,13 +5,14 @@
 //! by [`CudaPipeline::take_events`].
 //!
 //! Files: `abi` (blocks and constants shared with the kernels), `context` (one context per
-//! device), `alloc` (device allocations), `kernels` (NVRTC build), `plan` (the classic
-//! pipeline's memory plan), `graph` (graph cache and capture), `launch` (a frame's launches),
-//! `copy` (host↔device copies), `pinned` (page-locked host memory), `staging` (pageable
-//! uploads copied in bands by a few threads), `hostreg` (foreign host memory registered with
-//! the driver while it lives), `overlap` (the overlap path's slot bookkeeping), `pipeline`
-//! ([`CudaPipeline`]), `error` ([`CudaError`]), `gstcuda` (libgstcuda-1.0 loaded at run time:
-//! GstCudaContext, GstCudaMemory, its pool; the one GStreamer-aware file here).
+//! device), `alloc` (device allocations), `kernels` (NVRTC build), `ptx_cache` (NVRTC's PTX
+//! kept on disk across processes), `plan` (the classic pipeline's memory plan), `graph` (graph
+//! cache and capture), `launch` (a frame's launches), `copy` (host↔device copies), `pinned`
+//! (page-locked host memory), `staging` (pageable uploads copied in bands by a few threads),
+//! `hostreg` (foreign host memory registered with the driver while it lives), `overlap` (the
+//! overlap path's slot bookkeeping), `pipeline` ([`CudaPipeline`]), `error` ([`CudaError`]),
+//! `gstcuda` (libgstcuda-1.0 loaded at run time: GstCudaContext, GstCudaMemory, its pool; the
+//! one GStreamer-aware file here).
 
 pub mod abi;
 mod alloc;
@@ -30,6 +31,7 @@ pub mod overlap;
 mod pinned;
 mod pipeline;
 pub mod plan;
+pub mod ptx_cache;
 pub mod staging;
 
 pub use error::{CudaError, MemoryShortfall};

@@ -33,7 +33,8 @@ pub const GRAPH_CACHE_SIZE: usize = 4;
 pub enum PipelineEvent {
     /// A memory plan was made (multi-line text) and the arena allocated or reused.
     Plan { text: String, arena_allocated: bool },
-    /// NVRTC compiled the kernels (ms = 0 when a per-process cache hit).
+    /// The kernels are loaded (compile_ms = 0: the PTX came from the per-process or the disk
+    /// cache, NVRTC did not run).
     KernelsReady {
         arch: String,
         precision: String,

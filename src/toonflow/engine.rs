@@ -1018,7 +1018,10 @@ impl Engine {
                     compile_ms,
                 } => (
                     Level::Info,
-                    format!("kernels for {arch} {precision} ready (NVRTC {compile_ms:.1} ms)"),
+                    format!(
+                        "kernels for {arch} {precision} ready ({})",
+                        crate::cuda::kernels::build_note(compile_ms)
+                    ),
                 ),
                 PipelineEvent::GraphCaptured {
                     key,

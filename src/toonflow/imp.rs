@@ -425,7 +425,9 @@ impl ElementImpl for Toonflow {
                 "Toonflow cartoon filter",
                 "Filter/Effect/Video",
                 "Turns NV12 video into a temporally stable cartoon (bilateral smoothing, DoG lines, soft \
-                 quantization) on an NVIDIA GPU through CUDA, or on the CPU (a fast SIMD path; the exact reference on request)",
+                 quantization) on an NVIDIA GPU through CUDA, or on the CPU (a fast SIMD path; the exact reference on request). \
+                 The CUDA kernels' PTX is cached on disk ($TOONFLOW_KERNEL_CACHE, else ~/.cache/toonflow/kernels; \
+                 TOONFLOW_KERNEL_CACHE=off disables it)",
                 "toonflow developers",
             )
         });

@@ -147,7 +147,10 @@ impl NeuralCuda {
         for e in events {
             self.log.push(match e {
                 NeuralGpuEvent::KernelsReady { arch, compile_ms } => {
-                    format!("neural kernels for {arch} ready (NVRTC {compile_ms:.1} ms)")
+                    format!(
+                        "neural kernels for {arch} ready ({})",
+                        crate::cuda::kernels::build_note(compile_ms)
+                    )
                 }
                 NeuralGpuEvent::GraphCaptured {
                     launches,

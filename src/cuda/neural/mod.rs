@@ -27,7 +27,7 @@ use super::copy::{copy_d2h, copy_h2d};
 use super::error::{CudaError, driver};
 use super::fault::{Fault, injected};
 use super::graph::{GraphCache, OwnedGraph, Ran};
-use super::kernels::compile_to_ptx;
+use super::kernels::compile_cached;
 use super::{GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES};
 use crate::neural::engine::Specialised;
 use crate::neural::lower::StatsHook;
@@ -55,18 +55,14 @@ static MODULES: Lazy<Mutex<HashMap<usize, Arc<NeuralKernels>>>> =
 /// Compiles kernels/neural.cu to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
 /// `TOONFLOW_CUDA_FAULT=compile` makes it fail with NVRTC's own error.
 pub fn compile(arch: &str) -> Result<(String, f64), CudaError> {
-    let broken = injected(Fault::Compile);
-    if let Some(ptx) = PTX_CACHE.lock().get(arch).filter(|_| !broken) {
-        return Ok((ptx.clone(), 0.0));
-    }
-    let start = Instant::now();
-    let ptx = compile_to_ptx(KERNEL_FILE, arch, full_source(), true, broken)?;
-    let text = ptx.to_src();
-    let ms = start.elapsed().as_secs_f64() * 1e3;
-    if !broken {
-        PTX_CACHE.lock().insert(arch.to_string(), text.clone());
-    }
-    Ok((text, ms))
+    compile_cached(
+        &PTX_CACHE,
+        arch.to_string(),
+        KERNEL_FILE,
+        arch,
+        full_source,
+        true,
+    )
 }
 
 /// The loaded kernels of one device.
