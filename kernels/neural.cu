@@ -14,9 +14,7 @@
 //                      which can also fold the Resize or layout Transpose before it into its
 //                      gather and the output Transpose after it into its epilogue; _cl gathers
 //                      a channels-last (NHWC) fp16 input in 16-byte loads, _tp packs several
-//                      horizontal taps of a few-channel input (the stem) into one K chunk, _af
-//                      applies a per-channel affine chain folded before it (a normalization's
-//                      application) to what it gathers
+//                      horizontal taps of a few-channel input (the stem) into one K chunk
 //   nn_moments         per-channel mean and variance (double sums; the last block of a channel
 //                      finishes it) and the temporal statistics smoother
 //   nn_moments_gram    the same for an fp16 tensor of <= 16 channels and for a 1x1 convolution
@@ -246,129 +244,6 @@ __device__ __forceinline__ void nn_conv_body(const NnConv* __restrict__ p)
     }
 }
 
-// Elementwise operators
-
-__device__ __forceinline__ float nn_binary(int op, float a, float b)
-{
-    switch (op) {
-    case NN_EW_ADD:
-        return a + b;
-    case NN_EW_SUB:
-        return a - b;
-    case NN_EW_MUL:
-        return a * b;
-    case NN_EW_DIV:
-        return a / b;
-    case NN_EW_POW:
-        return powf(a, b);
-    case NN_EW_MIN:
-        return (a != a || b != b) ? __int_as_float(0x7fc00000) : fminf(a, b);
-    case NN_EW_MAX:
-        return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
-    case NN_EW_PRELU:
-        return a < 0.0f ? a * b : a;
-    default:
-        return a;
-    }
-}
-
-__device__ __forceinline__ float nn_unary(int op, float x, float p0, float p1)
-{
-    switch (op) {
-    case NN_EW_RELU:
-        return x < 0.0f ? 0.0f : x;
-    case NN_EW_LEAKY:
-        return x < 0.0f ? p0 * x : x;
-    case NN_EW_SIGMOID:
-        return 1.0f / (1.0f + expf(-x));
-    case NN_EW_TANH:
-        return tanhf(x);
-    case NN_EW_SQRT:
-        return sqrtf(x);
-    case NN_EW_RECIP:
-        return 1.0f / x;
-    case NN_EW_NEG:
-        return -x;
-    case NN_EW_ABS:
-        return fabsf(x);
-    case NN_EW_EXP:
-        return expf(x);
-    case NN_EW_LOG:
-        return logf(x);
-    case NN_EW_FLOOR:
-        return floorf(x);
-    case NN_EW_CEIL:
-        return ceilf(x);
-    case NN_EW_CLIP: {
-        float y = x < p0 ? p0 : x;
-        return y > p1 ? p1 : y;
-    }
-    default:
-        return x;
-    }
-}
-
-// A chain that is affine in its one full-size operand X up to op affine_ops (Add, Sub, Mul and
-// Div by values constant along the last axis, e.g. a normalization by per-channel statistics),
-// then unary ops: the host checked it (program::affine_chain). The V values share their
-// constants, so the thread folds the affine part into y = a * X + b once (from X = 1·X + 0 and
-// each constant c = 0·X + c), then applies a and b and the trailing ops to its V values of X
-// (contiguous, as the output: 16-byte loads and stores of halves).
-// The affine part's coefficients at index (i0, i1, i2, i3): y = ca * X + cb.
-__device__ __forceinline__ void nn_affine_coefficients(const NnEltwise& s, int i0, int i1, int i2,
-                                                       int i3, float& ca_out, float& cb_out)
-{
-    float ca = 0.0f, cb = 0.0f;
-    for (int o = 0; o < s.affine_ops; o++) {
-        const int code = s.op_code[o];
-        float a[2], b[2];
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int ref = k == 0 ? s.op_a[o] : s.op_b[o];
-            if (ref < 0) {
-                a[k] = ca;
-                b[k] = cb;
-            } else if (ref == s.affine_x) {
-                a[k] = 1.0f;
-                b[k] = 0.0f;
-            } else {
-                const int* st = s.strides + 4 * ref;
-                const long long at = (long long)i0 * st[0] + (long long)i1 * st[1] +
-                                     (long long)i2 * st[2] + (long long)i3 * st[3];
-                a[k] = 0.0f;
-                b[k] = nn_load(s.operand[ref], at, s.operand_half[ref]);
-            }
-        }
-        if (code >= NN_EW_FIRST_UNARY) { // of a constant
-            ca = 0.0f;
-            cb = nn_unary(code, b[0], s.op_p0[o], s.op_p1[o]);
-        } else if (code == NN_EW_ADD) {
-            ca = a[0] + a[1];
-            cb = b[0] + b[1];
-        } else if (code == NN_EW_SUB) {
-            ca = a[0] - a[1];
-            cb = b[0] - b[1];
-        } else if (code == NN_EW_MUL) { // one side constant (a[0] * a[1] == 0)
-            ca = a[0] * b[1] + a[1] * b[0];
-            cb = b[0] * b[1];
-        } else { // NN_EW_DIV by a constant
-            ca = a[0] / b[1];
-            cb = b[0] / b[1];
-        }
-    }
-    ca_out = ca;
-    cb_out = cb;
-}
-
-// The chain's value from X through the coefficients, then the unary ops after the affine part.
-__device__ __forceinline__ float nn_affine_apply(const NnEltwise& s, float ca, float cb, float x)
-{
-    float v = ca * x + cb;
-    for (int o = s.affine_ops; o < s.n_ops; o++)
-        v = nn_unary(s.op_code[o], v, s.op_p0[o], s.op_p1[o]);
-    return v;
-}
-
 // Tensor-core convolution (sm_80+): implicit GEMM with mma.sync m16n8k16 (f16 x f16 -> f32).
 // M = output pixels, N = output channels, K = taps x input channels in chunks of 16.
 // One block: NN_TC_ROWS output rows x NN_TC_COLS pixels (one row per warp, two 16-pixel
@@ -548,29 +423,6 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 #define NN_GATHER_PLANAR 0
 #define NN_GATHER_CHANNELS_LAST 1
 #define NN_GATHER_TAP_PACKED 2
-#define NN_GATHER_PLANAR_AFFINE 3
-
-// A per-channel affine elementwise chain folded into the gather (p->prologue: its parameter
-// block, never launched): the chunk's fetched values of X through each channel's coefficients
-// (worked out once a block, after the pixel table) and the chain's activations, rounded to
-// fp16 as the chain's own output would be. Padding is not X's: it keeps its value.
-__device__ __forceinline__ void nn_tc_prologue(const NnEltwise& ew, const float* coef, int cin_pad,
-                                               int kc, int cin, unsigned int v[8])
-{
-#pragma unroll
-    for (int c2 = 0; c2 < 8; c2++) {
-        unsigned short h[2];
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int ic = kc * 16 + 2 * c2 + k;
-            const unsigned short bits = (unsigned short)(k == 0 ? v[c2] & 0xffffu : v[c2] >> 16);
-            h[k] = ic < cin ? float_to_half_bits(nn_affine_apply(ew, coef[ic], coef[cin_pad + ic],
-                                                                 half_bits_to_float(bits)))
-                            : (unsigned short)0;
-        }
-        v[c2] = nn_pack2(h[0], h[1]);
-    }
-}
 
 template <typename O, int NT, int GATHER>
 __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
@@ -601,12 +453,6 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         const int r = e / scols;
         source[e] = nn_tc_source(p, py0 + r, px0 + (e - r * scols));
     }
-    // a folded affine chain's coefficients per input channel (a, then b), after the table
-    float* coef = (float*)(source + rows * scols);
-    const NnEltwise* ew = (const NnEltwise*)p->prologue;
-    if (GATHER == NN_GATHER_PLANAR_AFFINE)
-        for (int c = threadIdx.x; c < cin; c += blockDim.x)
-            nn_affine_coefficients(*ew, 0, c, 0, 0, coef[c], coef[p->cin_pad + c]);
     if (GATHER == NN_GATHER_TAP_PACKED) // the halves no tap fills stay zero
         for (int e = threadIdx.x; e < npx; e += blockDim.x) {
             uint4* dst = (uint4*)(tile + e * NN_TC_PIX);
@@ -639,8 +485,6 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                     nn_tc_fetch_nhwc(p, kc, at, v);
                 else
                     nn_tc_fetch(p, kc, at, v);
-                if (GATHER == NN_GATHER_PLANAR_AFFINE)
-                    nn_tc_prologue(*ew, coef, p->cin_pad, kc, cin, v);
             } else {
                 const unsigned short fill = at.x == -1 ? (unsigned short)0 : fill_bits;
 #pragma unroll
@@ -772,11 +616,6 @@ extern "C" __global__ void nn_conv_mma_hh_1_tp(const NnConv* __restrict__ p) { n
 extern "C" __global__ void nn_conv_mma_hh_2_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void nn_conv_mma_hh_4_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void nn_conv_mma_hh_8_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_TAP_PACKED>(p); }
-
-extern "C" __global__ void nn_conv_mma_hf_1_af(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_PLANAR_AFFINE>(p); }
-extern "C" __global__ void nn_conv_mma_hf_2_af(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, NN_GATHER_PLANAR_AFFINE>(p); }
-extern "C" __global__ void nn_conv_mma_hh_1_af(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_PLANAR_AFFINE>(p); }
-extern "C" __global__ void nn_conv_mma_hh_2_af(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_PLANAR_AFFINE>(p); }
 
 extern "C" __global__ void nn_conv_ff(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF32>(p); }
 extern "C" __global__ void nn_conv_fh(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF16>(p); }
@@ -1103,15 +942,116 @@ extern "C" __global__ void nn_norm_apply(const NnNormApply* __restrict__ p)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Elementwise chains (the operators and the affine path are above the convolutions, whose
-// gather can apply a folded chain)
+// Elementwise chains
 
+__device__ __forceinline__ float nn_binary(int op, float a, float b)
+{
+    switch (op) {
+    case NN_EW_ADD:
+        return a + b;
+    case NN_EW_SUB:
+        return a - b;
+    case NN_EW_MUL:
+        return a * b;
+    case NN_EW_DIV:
+        return a / b;
+    case NN_EW_POW:
+        return powf(a, b);
+    case NN_EW_MIN:
+        return (a != a || b != b) ? __int_as_float(0x7fc00000) : fminf(a, b);
+    case NN_EW_MAX:
+        return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+    case NN_EW_PRELU:
+        return a < 0.0f ? a * b : a;
+    default:
+        return a;
+    }
+}
+
+__device__ __forceinline__ float nn_unary(int op, float x, float p0, float p1)
+{
+    switch (op) {
+    case NN_EW_RELU:
+        return x < 0.0f ? 0.0f : x;
+    case NN_EW_LEAKY:
+        return x < 0.0f ? p0 * x : x;
+    case NN_EW_SIGMOID:
+        return 1.0f / (1.0f + expf(-x));
+    case NN_EW_TANH:
+        return tanhf(x);
+    case NN_EW_SQRT:
+        return sqrtf(x);
+    case NN_EW_RECIP:
+        return 1.0f / x;
+    case NN_EW_NEG:
+        return -x;
+    case NN_EW_ABS:
+        return fabsf(x);
+    case NN_EW_EXP:
+        return expf(x);
+    case NN_EW_LOG:
+        return logf(x);
+    case NN_EW_FLOOR:
+        return floorf(x);
+    case NN_EW_CEIL:
+        return ceilf(x);
+    case NN_EW_CLIP: {
+        float y = x < p0 ? p0 : x;
+        return y > p1 ? p1 : y;
+    }
+    default:
+        return x;
+    }
+}
+
+// A chain that is affine in its one full-size operand X up to op affine_ops (Add, Sub, Mul and
+// Div by values constant along the last axis, e.g. a normalization by per-channel statistics),
+// then unary ops: the host checked it (program::affine_chain). The V values share their
+// constants, so the thread folds the affine part into y = a * X + b once (from X = 1·X + 0 and
+// each constant c = 0·X + c), then applies a and b and the trailing ops to its V values of X
+// (contiguous, as the output: 16-byte loads and stores of halves).
 template <int V>
 __device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long i, int i0, int i1,
                                                   int i2, int i3)
 {
-    float ca, cb;
-    nn_affine_coefficients(s, i0, i1, i2, i3, ca, cb);
+    float ca = 0.0f, cb = 0.0f;
+    for (int o = 0; o < s.affine_ops; o++) {
+        const int code = s.op_code[o];
+        float a[2], b[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int ref = k == 0 ? s.op_a[o] : s.op_b[o];
+            if (ref < 0) {
+                a[k] = ca;
+                b[k] = cb;
+            } else if (ref == s.affine_x) {
+                a[k] = 1.0f;
+                b[k] = 0.0f;
+            } else {
+                const int* st = s.strides + 4 * ref;
+                const long long at = (long long)i0 * st[0] + (long long)i1 * st[1] +
+                                     (long long)i2 * st[2] + (long long)i3 * st[3];
+                a[k] = 0.0f;
+                b[k] = nn_load(s.operand[ref], at, s.operand_half[ref]);
+            }
+        }
+        if (code >= NN_EW_FIRST_UNARY) { // of a constant
+            ca = 0.0f;
+            cb = nn_unary(code, b[0], s.op_p0[o], s.op_p1[o]);
+        } else if (code == NN_EW_ADD) {
+            ca = a[0] + a[1];
+            cb = b[0] + b[1];
+        } else if (code == NN_EW_SUB) {
+            ca = a[0] - a[1];
+            cb = b[0] - b[1];
+        } else if (code == NN_EW_MUL) { // one side constant (a[0] * a[1] == 0)
+            ca = a[0] * b[1] + a[1] * b[0];
+            cb = b[0] * b[1];
+        } else { // NN_EW_DIV by a constant
+            ca = a[0] / b[1];
+            cb = b[0] / b[1];
+        }
+    }
     const unsigned long long xp = s.operand[s.affine_x];
     const bool xh = s.operand_half[s.affine_x];
     float v[V];
@@ -1132,8 +1072,11 @@ __device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long 
             v[j] = nn_load(xp, i + j, xh);
     }
 #pragma unroll
-    for (int j = 0; j < V; j++)
-        v[j] = nn_affine_apply(s, ca, cb, v[j]);
+    for (int j = 0; j < V; j++) {
+        v[j] = ca * v[j] + cb;
+        for (int o = s.affine_ops; o < s.n_ops; o++)
+            v[j] = nn_unary(s.op_code[o], v[j], s.op_p0[o], s.op_p1[o]);
+    }
     if (s.y_half && V % 8 == 0) {
 #pragma unroll
         for (int j = 0; j < V; j += 8) {

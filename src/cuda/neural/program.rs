@@ -41,12 +41,6 @@ pub const MOMENTS_THREADS: u32 = 256;
 /// sums a block writes (the 16x16 products, then the 16 channel sums).
 pub const GRAM_THREADS: u32 = 512;
 pub const GRAM_MAX_BLOCKS: u32 = 128;
-/// Most input channels of a convolution whose gather applies a folded affine chain (its
-/// coefficients sit in shared memory after the tile).
-pub const PROLOGUE_MAX_CHANNELS: usize = 64;
-/// Channel tiles a block of such a convolution takes at most (its output layers are narrow;
-/// wider ones split over more blocks: two kernel variants instead of four).
-pub const AFFINE_MAX_TILES: u8 = 2;
 pub const GRAM_CHANNELS: usize = 16;
 pub const GRAM_SUMS: usize = GRAM_CHANNELS * GRAM_CHANNELS + GRAM_CHANNELS;
 /// Warp steps of a Gram moments round (their loads in flight together).
@@ -103,9 +97,6 @@ pub struct NnConv {
     /// Tensor-core path: a residual Add folded into the epilogue: the other addend, read at
     /// the output's own index (the output may be written over it), or 0.
     pub res: u64,
-    /// Tensor-core path: a per-channel affine elementwise chain folded into the gather (its
-    /// `NnEltwise` parameter block, never launched; `x` is the chain's X), or 0.
-    pub prologue: u64,
     /// Tensor-core path: cin rounded up to 16, output channel tiles of 8.
     pub cin_pad: i32,
     pub n_tiles: i32,
@@ -369,9 +360,6 @@ pub enum MmaGather {
     ChannelsLast,
     /// Several horizontal taps of a few-channel input per K chunk (`tap_pack`).
     TapPacked,
-    /// Planar, through a per-channel affine elementwise chain folded into the gather
-    /// (`Folds::prologue`).
-    PlanarAffine,
 }
 
 /// The kernels a program launches.
@@ -394,11 +382,10 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 35;
+    pub const COUNT: usize = 31;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
-    /// planar/channels-last gather, the tap-packed fp16 ones, and planar-affine with 1 or 2
-    /// tiles: `AFFINE_MAX_TILES`), then the rest.
+    /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
     pub const ALL: [Kernel; Kernel::COUNT] = {
         const TILES: [u8; 4] = [1, 2, 4, 8];
         let mut all = [Kernel::Moments; Kernel::COUNT];
@@ -423,13 +410,6 @@ impl Kernel {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked);
             n += 1;
             t += 1;
-        }
-        let mut half = 0;
-        while half < 2 {
-            all[n] = Kernel::ConvMma(half == 1, 1, MmaGather::PlanarAffine);
-            all[n + 1] = Kernel::ConvMma(half == 1, AFFINE_MAX_TILES, MmaGather::PlanarAffine);
-            n += 2;
-            half += 1;
         }
         let rest = [
             Kernel::Conv(false, false),
@@ -476,10 +456,6 @@ impl Kernel {
             Kernel::ConvMma(true, 4, MmaGather::ChannelsLast) => "nn_conv_mma_hh_4_cl",
             Kernel::ConvMma(true, _, MmaGather::Planar) => "nn_conv_mma_hh_8",
             Kernel::ConvMma(true, _, MmaGather::ChannelsLast) => "nn_conv_mma_hh_8_cl",
-            Kernel::ConvMma(false, 1, MmaGather::PlanarAffine) => "nn_conv_mma_hf_1_af",
-            Kernel::ConvMma(false, _, MmaGather::PlanarAffine) => "nn_conv_mma_hf_2_af",
-            Kernel::ConvMma(true, 1, MmaGather::PlanarAffine) => "nn_conv_mma_hh_1_af",
-            Kernel::ConvMma(true, _, MmaGather::PlanarAffine) => "nn_conv_mma_hh_2_af",
             Kernel::ConvMma(_, 1, MmaGather::TapPacked) => "nn_conv_mma_hh_1_tp",
             Kernel::ConvMma(_, 2, MmaGather::TapPacked) => "nn_conv_mma_hh_2_tp",
             Kernel::ConvMma(_, 4, MmaGather::TapPacked) => "nn_conv_mma_hh_4_tp",
@@ -859,9 +835,6 @@ struct Folds {
     /// conv stage → (the residual Add stage after it, folded into its epilogue, and the Add's
     /// other addend).
     residual: HashMap<usize, (usize, String)>,
-    /// conv stage → (the per-channel affine elementwise stage before it, folded into its
-    /// gather, and that chain's X).
-    prologue: HashMap<usize, (usize, String)>,
 }
 
 impl Folds {
@@ -869,7 +842,6 @@ impl Folds {
         self.input.values().any(|&(r, _)| r == stage)
             || self.output.values().any(|&t| t == stage)
             || self.residual.values().any(|(a, _)| *a == stage)
-            || self.prologue.values().any(|(e, _)| *e == stage)
     }
 }
 
@@ -890,59 +862,6 @@ fn is_transpose(s: &Stage, perm: &[i64]) -> bool {
         && s.nodes.len() == 1
         && s.nodes[0].op_type == "Transpose"
         && s.nodes[0].attr("perm").is_some_and(|a| a.ints == perm)
-}
-
-/// X, when an elementwise stage is `act(a[c] * X + b[c])`: X its one full-size operand, read
-/// by the first node only; Add, Sub, Mul (and Div by) per-channel values (H = W = 1: the
-/// normalization's statistics), at least one of them; then activations of the chain's value.
-/// Such a chain folds into the next convolution's gather (`affine_chain` accepts it).
-fn per_channel_affine(l: &Lowered, s: &Stage) -> Option<String> {
-    let full = l.shapes.get(s.outputs.first()?)?;
-    let per_channel = |v: &str| {
-        let shape = match l.shapes.get(v) {
-            Some(sh) => Some(sh.clone()),
-            None => const_floats(l, v).map(|t| t.shape.clone()),
-        };
-        shape
-            .and_then(|sh| dims4(&sh))
-            .is_some_and(|d| d[0] == 1 && d[2] == 1 && d[3] == 1 && (d[1] == 1 || d[1] == full[1]))
-    };
-    let x = s
-        .nodes
-        .first()?
-        .input
-        .iter()
-        .find(|v| l.shapes.get(*v) == Some(full))?
-        .clone();
-    if full.len() != 4 || s.kind != StageKind::Elementwise {
-        return None;
-    }
-    let mut chain = x.as_str();
-    let mut affine_ops = 0;
-    let mut tail = false;
-    for n in &s.nodes {
-        match (n.op_type.as_str(), n.input.as_slice()) {
-            ("Add" | "Sub" | "Mul" | "Div", [a, b]) if !tail => {
-                let ok = if a == chain {
-                    b != chain && per_channel(b)
-                } else {
-                    b == chain && n.op_type != "Div" && per_channel(a)
-                };
-                if !ok {
-                    return None;
-                }
-                affine_ops += 1;
-            }
-            ("Relu" | "LeakyRelu" | "Sigmoid" | "Tanh" | "Clip" | "Identity", [a, ..])
-                if a == chain && affine_ops > 0 =>
-            {
-                tail = true;
-            }
-            _ => return None,
-        }
-        chain = n.output.first()?;
-    }
-    (affine_ops > 0).then_some(x)
 }
 
 /// The stages folded into tensor-core convolutions. Into a convolution's input gather: the
@@ -977,30 +896,6 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
             f.input.insert(i + 1, (i, Gather::Resize));
         } else if is_transpose(s, &[0, 3, 1, 2]) && s.nodes[0].input[0] == l.input {
             f.input.insert(i + 1, (i, Gather::Nhwc));
-        }
-    }
-    // a per-channel affine chain (a normalization's application) whose one reader is the
-    // convolution after it: applied in that convolution's planar gather
-    for (i, s) in l.stages.iter().enumerate() {
-        let (Some(out), Some(next)) = (s.outputs.first(), l.stages.get(i + 1)) else {
-            continue;
-        };
-        let conv_input = next.nodes.first().and_then(|n| n.input.first());
-        if s.outputs.len() != 1
-            || *out == l.output
-            || only_reader(l, out) != Some(i + 1)
-            || conv_input != Some(out)
-            || !on_tensor_cores(next)
-            || !half(out)
-            || f.input.contains_key(&(i + 1))
-            || l.shapes
-                .get(out)
-                .is_none_or(|sh| sh.len() != 4 || sh[1] > PROLOGUE_MAX_CHANNELS)
-        {
-            continue;
-        }
-        if let Some(x) = per_channel_affine(l, s).filter(|x| half(x)) {
-            f.prologue.insert(i + 1, (i, x));
         }
     }
     for (i, s) in l.stages.iter().enumerate() {
@@ -1373,13 +1268,6 @@ pub fn build(
         last_use.insert(input, until);
         not_stored.insert(r.outputs[0].as_str(), ());
     }
-    for (&conv, (stage, x)) in &folds.prologue {
-        let until = last_use
-            .get(x.as_str())
-            .map_or(conv as u32, |&u| u.max(conv as u32));
-        last_use.insert(x.as_str(), until);
-        not_stored.insert(l.stages[*stage].outputs[0].as_str(), ());
-    }
     for (&conv, &t) in &folds.output {
         not_stored.insert(l.stages[conv].outputs[0].as_str(), ());
         written_by.insert(l.stages[t].outputs[0].as_str(), conv as u32);
@@ -1526,8 +1414,6 @@ pub fn build(
 
     // launches, with their parameter blocks collected first and placed after the weights
     let mut blocks: Vec<Pending> = Vec::new();
-    // conv stage → the parameter block of the affine chain folded into its gather
-    let mut prologue_params: HashMap<usize, u64> = HashMap::new();
     for (i, s) in l.stages.iter().enumerate() {
         let place = |places: &HashMap<String, Place>,
                      st: &mut Statics,
@@ -1634,13 +1520,8 @@ pub fn build(
                         let input = &l.stages[r].nodes[0].input[0];
                         (place(&places, &mut st, input)?, None, true)
                     }
-                    None => match folds.prologue.get(&i) {
-                        // a folded affine chain: the gather reads its X
-                        Some((_, x)) => (place(&places, &mut st, x)?, None, false),
-                        None => (place(&places, &mut st, x_name)?, None, false),
-                    },
+                    None => (place(&places, &mut st, x_name)?, None, false),
                 };
-                let prologue = prologue_params.get(&i).copied().unwrap_or(0);
                 let out = s
                     .outputs
                     .first()
@@ -1788,7 +1669,7 @@ pub fn build(
                 let (act, act_a, act_b) = act_code(act);
                 let mma = on_tensor_cores(l, storage, &half_of, &folds, i);
                 debug_assert!(
-                    mma || (resize.is_none() && !nhwc && !y_nhwc && res.is_none() && prologue == 0),
+                    mma || (resize.is_none() && !nhwc && !y_nhwc && res.is_none()),
                     "a folded stage needs tensor cores"
                 );
                 debug_assert!(
@@ -1814,12 +1695,7 @@ pub fn build(
                 );
                 // a few-channel input (the stem) packs several horizontal taps into a chunk,
                 // gathered by the general path's loads (not a folded Resize, fp16 output)
-                let pack = if mma
-                    && resize.is_none()
-                    && prologue == 0
-                    && y.half
-                    && x.channels_last.is_none()
-                {
+                let pack = if mma && resize.is_none() && y.half && x.channels_last.is_none() {
                     tap_pack(cin, kw)
                 } else {
                     1
@@ -1849,7 +1725,6 @@ pub fn build(
                     wh,
                     rs_taps: resize.as_ref().map_or(0, |r| r.0),
                     res: res.map_or(0, |r| r.addr),
-                    prologue,
                     cin_pad: cin_pad as i32,
                     n_tiles: n_tiles as i32,
                     cin: cin as i32,
@@ -1894,10 +1769,7 @@ pub fn build(
                         (ys[3] as u32).div_ceil(TC_COLS),
                         (ys[2] as u32).div_ceil(TC_ROWS),
                     );
-                    let mut nt = tc_channel_tiles(n_tiles as u32, gx * gy);
-                    if prologue != 0 {
-                        nt = nt.min(AFFINE_MAX_TILES as u32);
-                    }
+                    let nt = tc_channel_tiles(n_tiles as u32, gx * gy);
                     let grid = (gx, gy, (n_tiles as u32).div_ceil(nt));
                     blocks.push((
                         Kernel::ConvMma(
@@ -1905,8 +1777,6 @@ pub fn build(
                             nt as u8,
                             if pack > 1 {
                                 MmaGather::TapPacked
-                            } else if prologue != 0 {
-                                MmaGather::PlanarAffine
                             } else if x.channels_last.is_some() {
                                 MmaGather::ChannelsLast
                             } else {
@@ -2011,7 +1881,7 @@ pub fn build(
                     ));
                 }
             }
-            StageKind::Elementwise if folds.residual.values().any(|(a, _)| *a == i) => {
+            StageKind::Elementwise if folds.folded(i) => {
                 // a residual Add folded into the convolution before it
             }
             StageKind::Elementwise => {
@@ -2026,23 +1896,9 @@ pub fn build(
                         "an elementwise chain with several outputs",
                     ));
                 }
-                // folded into the next convolution's gather: no output of its own
-                let folded_into = folds
-                    .prologue
-                    .iter()
-                    .find(|(_, (e, _))| *e == i)
-                    .map(|(&conv, _)| conv);
-                let y = match folded_into {
-                    Some(_) => Place {
-                        addr: 0,
-                        half: true,
-                        elements: 0,
-                        channels_last: None,
-                    },
-                    None => *places
-                        .get(out)
-                        .ok_or_else(|| unsupported(i, s, "output not planned"))?,
-                };
+                let y = *places
+                    .get(out)
+                    .ok_or_else(|| unsupported(i, s, "output not planned"))?;
                 let od = dims4(&l.shapes[out]).ok_or_else(|| unsupported(i, s, "rank above 4"))?;
                 let mut p: NnEltwise = bytemuck::Zeroable::zeroed();
                 p.y = y.addr;
@@ -2175,17 +2031,6 @@ pub fn build(
                 } else {
                     1
                 };
-                if let Some(conv) = folded_into {
-                    let x = &folds.prologue[&conv].1;
-                    if operands.get(p.affine_x.max(0) as usize) != Some(x) || p.affine_x < 0 {
-                        return Err(NeuralError::Graph(format!(
-                            "stage {i} ({}) was planned as an affine chain of '{x}', but is not one",
-                            s.name
-                        )));
-                    }
-                    prologue_params.insert(conv, st.put(bytemuck::bytes_of(&p)));
-                    continue;
-                }
                 let total = (od.iter().product::<usize>() / per_thread) as u64;
                 blocks.push((
                     Kernel::Eltwise,
@@ -2368,17 +2213,12 @@ pub fn build(
         let shared = match kernel {
             Kernel::ConvMma(..) => {
                 let p: NnConv = bytemuck::pod_read_unaligned(&bytes);
-                let coefficients = if p.prologue != 0 {
-                    8 * p.cin_pad as u32
-                } else {
-                    0
-                };
                 tc_shared_bytes(
                     (p.kh as usize, p.kw as usize),
                     (p.sh as i64, p.sw as i64),
                     (p.dh as i64, p.dw as i64),
                     p.pack as usize,
-                ) + coefficients
+                )
             }
             _ => 0,
         };
