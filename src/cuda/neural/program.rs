@@ -522,6 +522,13 @@ pub fn tensor_cores_default() -> bool {
     std::env::var("TOONFLOW_NEURAL_MMA").map_or(true, |v| v != "0")
 }
 
+/// Gram moments for the modulated normalization (`gram_moments`) unless
+/// `TOONFLOW_NEURAL_GRAM=0` (the convolution and both statistics passes then run: for
+/// comparisons).
+pub fn gram_moments_default() -> bool {
+    std::env::var("TOONFLOW_NEURAL_GRAM").map_or(true, |v| v != "0")
+}
+
 /// Storage of each stage's outputs: fp16 (`true`) or fp32, and whether convolutions reading
 /// fp16 may use tensor cores (sm_80+).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -973,7 +980,7 @@ struct Gram {
 
 fn gram_moments(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Vec<Gram> {
     let mut grams = Vec::new();
-    if !storage.tensor_cores {
+    if !storage.tensor_cores || !gram_moments_default() {
         return grams;
     }
     let plain_stats_of = |v: &str| {
