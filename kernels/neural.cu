@@ -770,8 +770,8 @@ __device__ __forceinline__ uint4 nn_gram_load(const unsigned short* __restrict__
 #pragma unroll
     for (int k = 0; k < 8; k++)
         h[k] = p + k < hw ? __ldg(plane + p + k) : (unsigned short)0;
-    return make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
-                      h[6] | (h[7] << 16));
+    return make_uint4(nn_pack2(h[0], h[1]), nn_pack2(h[2], h[3]), nn_pack2(h[4], h[5]),
+                      nn_pack2(h[6], h[7]));
 }
 
 __device__ __forceinline__ void nn_gram_mma(float (&d)[4], unsigned int a0, unsigned int a1,

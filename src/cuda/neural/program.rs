@@ -1461,9 +1461,14 @@ pub fn build(
                     .nodes
                     .last()
                     .expect("a Gram convolution stage ends in its Conv");
-                let w = st.floats(&const_floats(l, &conv.input[1]).expect("Gram weights").data);
+                let constant = |v: &str| {
+                    const_floats(l, v).ok_or_else(|| {
+                        unsupported(g.conv, &l.stages[g.conv], "computed 1x1 weights or bias")
+                    })
+                };
+                let w = st.floats(&constant(&conv.input[1])?.data);
                 let b = match conv.input.get(2).filter(|b| !b.is_empty()) {
-                    Some(b) => st.floats(&const_floats(l, b).expect("Gram bias").data),
+                    Some(b) => st.floats(&constant(b)?.data),
                     None => 0,
                 };
                 let (mean, var, state_mean, state_var, state_primed) = stats_of[&i];
