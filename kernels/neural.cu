@@ -1094,6 +1094,19 @@ __device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long 
     }
 }
 
+// The 4-D index (i0, i1, i2, i3) of linear index i over dims (., d1, d2, d3).
+template <typename Idx>
+__device__ __forceinline__ void nn_unravel(Idx i, Idx d1, Idx d2, Idx d3, int& i0, int& i1, int& i2,
+                                           int& i3)
+{
+    i3 = (int)(i % d3);
+    i /= d3;
+    i2 = (int)(i % d2);
+    i /= d2;
+    i1 = (int)(i % d1);
+    i0 = (int)(i / d1);
+}
+
 // The affine path over V consecutive elements a thread (grid-stride): the chain's coefficients
 // are worked out once per V values (the longer V, the less that costs a value).
 template <typename Idx, int V>
@@ -1103,14 +1116,9 @@ __device__ __forceinline__ void nn_eltwise_affine_body(const NnEltwise& s)
     const Idx total = (Idx)s.dims[0] * d1 * d2 * d3 / V;
     for (Idx iv = blockIdx.x * (Idx)blockDim.x + threadIdx.x; iv < total;
          iv += (Idx)gridDim.x * blockDim.x) {
-        const Idx i = iv * V;
-        Idx r = i;
-        const int i3 = (int)(r % d3);
-        r /= d3;
-        const int i2 = (int)(r % d2);
-        r /= d2;
-        const int i1 = (int)(r % d1);
-        nn_eltwise_affine<V>(s, i, (int)(r / d1), i1, i2, i3);
+        int i0, i1, i2, i3;
+        nn_unravel<Idx>(iv * V, d1, d2, d3, i0, i1, i2, i3);
+        nn_eltwise_affine<V>(s, iv * V, i0, i1, i2, i3);
     }
 }
 
@@ -1124,13 +1132,8 @@ __device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s)
     for (Idx iv = blockIdx.x * (Idx)blockDim.x + threadIdx.x; iv < total;
          iv += (Idx)gridDim.x * blockDim.x) {
         const Idx i = iv * V;
-        Idx r = i;
-        const int i3 = (int)(r % d3);
-        r /= d3;
-        const int i2 = (int)(r % d2);
-        r /= d2;
-        const int i1 = (int)(r % d1);
-        const int i0 = (int)(r / d1);
+        int i0, i1, i2, i3;
+        nn_unravel<Idx>(i, d1, d2, d3, i0, i1, i2, i3);
         if (V == NN_EW_VEC && s.affine_x >= 0) {
             nn_eltwise_affine<V>(s, i, i0, i1, i2, i3);
             continue;

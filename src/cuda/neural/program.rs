@@ -1445,11 +1445,11 @@ pub fn build(
             ))
         };
         match s.kind {
-            StageKind::Conv if grams.iter().any(|g| g.conv == i) => {
-                // its output's statistics come from the Gram moments of its input
-            }
-            StageKind::Normalize if grams.iter().any(|g| g.norm == i) => {
-                // finished by the Gram moments at its input's normalize stage
+            StageKind::Conv | StageKind::Normalize
+                if grams.iter().any(|g| g.conv == i || g.norm == i) =>
+            {
+                // a 1x1 convolution and its output's statistics: the Gram moments at its
+                // input's normalize stage stand for both
             }
             StageKind::Normalize if grams.iter().any(|g| g.own == i) => {
                 let g = grams.iter().find(|g| g.own == i).expect("a Gram stage");
