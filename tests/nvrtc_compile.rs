@@ -10,7 +10,11 @@
 //! `TOONFLOW_KERNEL_CACHE` at a directory under target/ that it empties first): a build another
 //! test executable already made is read back and printed as "from the kernel cache".
 
+mod common;
+
 use std::panic::catch_unwind;
+
+use common::TempDir;
 
 use gsttoonflow::cuda::kernels::{KERNEL_FILE, KERNEL_NAMES, compile, compile_with_disk_cache};
 use gsttoonflow::cuda::{neural, neural_frame};
@@ -176,18 +180,12 @@ fn a_second_build_reads_the_ptx_from_the_disk_cache() {
     if skipped_without_nvrtc() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!(
-        "toonflow-nvrtc-cache-{}-{:?}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
+    let scratch = TempDir::new("nvrtc-cache");
+    let dir = &scratch.0;
     let source = neural_frame::full_source();
     let build = || {
         compile_with_disk_cache(
-            Some(&dir),
+            Some(dir),
             neural_frame::KERNEL_FILE,
             "sm_90",
             &source,
@@ -196,7 +194,7 @@ fn a_second_build_reads_the_ptx_from_the_disk_cache() {
         .unwrap()
     };
     let files = || -> Vec<std::path::PathBuf> {
-        std::fs::read_dir(&dir)
+        std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().path())
             .collect()
@@ -226,5 +224,4 @@ fn a_second_build_reads_the_ptx_from_the_disk_cache() {
     assert_eq!(std::fs::read(&written[0]).unwrap(), whole);
     assert_eq!(build(), (first, 0.0));
     println!("kernel cache: {name} written, read back, rewritten after truncation");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -38,6 +38,13 @@ pub(crate) fn guard<T>(
     }
 }
 
+/// NVRTC loads? Never panics.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: `is_culib_present` only tries to dlopen the library; a failure to load is caught
+    // (cudarc may panic) and means "absent".
+    catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false)
+}
+
 /// libcuda and NVRTC load? Never panics.
 pub fn libraries_present() -> Result<(), CudaError> {
     // SAFETY: `is_culib_present` only tries to dlopen the library; a failure to load is caught
@@ -48,9 +55,7 @@ pub fn libraries_present() -> Result<(), CudaError> {
             "libcuda (the NVIDIA driver library) cannot be loaded",
         ));
     }
-    // SAFETY: as above, for NVRTC.
-    let nvrtc = catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false);
-    if !nvrtc {
+    if !nvrtc_present() {
         return Err(CudaError::unavailable(
             "libnvrtc (the CUDA runtime compiler) cannot be loaded",
         ));

@@ -15,7 +15,7 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::abi;
-use super::context::{describe, guard};
+use super::context::{describe, guard, nvrtc_present};
 use super::error::{CudaError, driver};
 use super::fault::{Fault, injected};
 use super::ptx_cache;
@@ -137,12 +137,12 @@ fn compile_to_ptx(
 fn nvrtc_version() -> Option<(i32, i32)> {
     static VERSION: OnceLock<Option<(i32, i32)>> = OnceLock::new();
     *VERSION.get_or_init(|| {
-        // SAFETY: `is_culib_present` only tries to dlopen NVRTC; `nvrtcVersion` writes two ints.
-        // cudarc may panic when the library or the symbol is missing: that means None.
+        if !nvrtc_present() {
+            return None;
+        }
+        // SAFETY: `nvrtcVersion` writes two ints; cudarc may panic when the symbol is missing:
+        // that means None.
         catch_unwind(|| unsafe {
-            if !cudarc::nvrtc::sys::is_culib_present() {
-                return None;
-            }
             let (mut major, mut minor) = (0, 0);
             cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor)
                 .result()
