@@ -431,7 +431,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     extern __shared__ __align__(16) unsigned short tile[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int oy0 = blockIdx.y * NN_TC_ROWS, ox0 = blockIdx.x * NN_TC_COLS;
+    const int oy0 = p->row0 + blockIdx.y * NN_TC_ROWS, ox0 = blockIdx.x * NN_TC_COLS;
     const int nt0 = blockIdx.z * NT;
     const int ntn = min(NT, p->n_tiles - nt0);
     const int cin = p->cin, chunks = p->cin_pad >> 4;
@@ -794,7 +794,9 @@ __device__ __forceinline__ float nn_half_pair_sum(unsigned int w)
 
 extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(const NnMomentsGram* __restrict__ p)
 {
-    __shared__ double warp_sums[NN_GRAM_THREADS / 32][NN_GRAM_SUMS];
+    // the warps' sums after the loop; during it, the channels-last staging (NN_GRAM_UNROLL
+    // steps of 16 pixels x 32 bytes a warp) in the same bytes
+    __shared__ __align__(16) double warp_sums[NN_GRAM_THREADS / 32][NN_GRAM_SUMS];
     __shared__ double total[NN_GRAM_SUMS];
     __shared__ int last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -814,7 +816,7 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
     double t_lo = 0.0, t_hi = 0.0;
     const long long step = (long long)gridDim.x * warps * 32;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    for (long long p0 = ((long long)blockIdx.x * warps + warp) * 32; p0 < hw;
+    for (long long p0 = ((long long)blockIdx.x * warps + warp) * 32; !p->cl && p0 < hw;
          p0 += NN_GRAM_UNROLL * step) {
         uint4 lo[NN_GRAM_UNROLL], hi[NN_GRAM_UNROLL];
 #pragma unroll
@@ -846,6 +848,57 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
         }
         t_lo += s_lo;
         t_hi += s_hi;
+    }
+    if (p->cl) {
+        // channels-last, 16 channels (32 bytes) a pixel: a warp step is 16 pixels, one 16-byte
+        // load a lane, staged in shared memory; ldmatrix.trans then hands lane (g, q) channels
+        // g and g + 8 of pixels 2q, 2q + 1 (a0, a1) and 2q + 8, 2q + 9 (a2, a3): the A
+        // fragment of channels x pixels, and the B fragments of pixels x channels 0-7 (a0, a2)
+        // and 8-15 (a1, a3). A pixel's two halves swap places every 4 pixels, so the 8 rows
+        // of one 8x8 matrix fall in distinct banks.
+        uint4* stage = (uint4*)&warp_sums[0][0] + warp * NN_GRAM_UNROLL * 32;
+        const uint4* __restrict__ xv = (const uint4*)x;
+        const long long step_cl = (long long)gridDim.x * warps * 16;
+        const int st_px = lane >> 1, st_half = lane & 1;
+        const int ld_px = ((lane >> 4) << 3) + (lane & 7), ld_half = (lane >> 3) & 1;
+        const int st_slot = st_px * 2 + (st_half ^ ((st_px >> 2) & 1));
+        const unsigned int ld_addr =
+            nn_smem_addr(stage) + (unsigned int)((ld_px * 2 + (ld_half ^ ((ld_px >> 2) & 1))) * 16);
+        for (long long p0 = ((long long)blockIdx.x * warps + warp) * 16; p0 < hw;
+             p0 += NN_GRAM_UNROLL * step_cl) {
+            uint4 v[NN_GRAM_UNROLL];
+#pragma unroll
+            for (int u = 0; u < NN_GRAM_UNROLL; u++) {
+                const long long px = p0 + u * step_cl + st_px;
+                v[u] = px < hw ? __ldg(xv + 2 * px + st_half) : zero;
+            }
+            __syncwarp(); // the previous round's ldmatrix are done
+#pragma unroll
+            for (int u = 0; u < NN_GRAM_UNROLL; u++)
+                stage[u * 32 + st_slot] = v[u];
+            __syncwarp();
+            float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
+            float s_lo = 0.f, s_hi = 0.f;
+#pragma unroll
+            for (int u = 0; u < NN_GRAM_UNROLL; u++) {
+                unsigned int a0, a1, a2, a3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                             : "r"(ld_addr + u * 32 * 16));
+                nn_gram_mma(d0, a0, a1, a2, a3, a0, a2);
+                nn_gram_mma(d1, a0, a1, a2, a3, a1, a3);
+                s_lo += nn_half_pair_sum(a0) + nn_half_pair_sum(a2);
+                s_hi += nn_half_pair_sum(a1) + nn_half_pair_sum(a3);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                g0[k] += d0[k];
+                g1[k] += d1[k];
+            }
+            t_lo += s_lo;
+            t_hi += s_hi;
+        }
+        __syncthreads(); // the staging's bytes become the warps' sums
     }
     // the warp's sums: lanes of one g hold channel g's in four parts
     t_lo += __shfl_xor_sync(0xffffffffu, t_lo, 1);
@@ -1010,9 +1063,9 @@ __device__ __forceinline__ float nn_unary(int op, float x, float p0, float p1)
 // constants, so the thread folds the affine part into y = a * X + b once (from X = 1·X + 0 and
 // each constant c = 0·X + c), then applies a and b and the trailing ops to its V values of X
 // (contiguous, as the output: 16-byte loads and stores of halves).
-template <int V>
-__device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long i, int i0, int i1,
-                                                  int i2, int i3)
+// The affine part's coefficients at index (i0, i1, i2, i3): the chain is ca * X + cb there.
+__device__ __forceinline__ void nn_affine_coefficients(const NnEltwise& s, int i0, int i1, int i2,
+                                                       int i3, float& ca_out, float& cb_out)
 {
     float ca = 0.0f, cb = 0.0f;
     for (int o = 0; o < s.affine_ops; o++) {
@@ -1052,6 +1105,25 @@ __device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long 
             cb = b[0] / b[1];
         }
     }
+    ca_out = ca;
+    cb_out = cb;
+}
+
+// The chain's value from X through the coefficients, then the unary ops after the affine part.
+__device__ __forceinline__ float nn_affine_apply(const NnEltwise& s, float ca, float cb, float x)
+{
+    float v = ca * x + cb;
+    for (int o = s.affine_ops; o < s.n_ops; o++)
+        v = nn_unary(s.op_code[o], v, s.op_p0[o], s.op_p1[o]);
+    return v;
+}
+
+template <int V>
+__device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long i, int i0, int i1,
+                                                  int i2, int i3)
+{
+    float ca, cb;
+    nn_affine_coefficients(s, i0, i1, i2, i3, ca, cb);
     const unsigned long long xp = s.operand[s.affine_x];
     const bool xh = s.operand_half[s.affine_x];
     float v[V];
@@ -1072,11 +1144,8 @@ __device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long 
             v[j] = nn_load(xp, i + j, xh);
     }
 #pragma unroll
-    for (int j = 0; j < V; j++) {
-        v[j] = ca * v[j] + cb;
-        for (int o = s.affine_ops; o < s.n_ops; o++)
-            v[j] = nn_unary(s.op_code[o], v[j], s.op_p0[o], s.op_p1[o]);
-    }
+    for (int j = 0; j < V; j++)
+        v[j] = nn_affine_apply(s, ca, cb, v[j]);
     if (s.y_half && V % 8 == 0) {
 #pragma unroll
         for (int j = 0; j < V; j += 8) {
@@ -1183,6 +1252,40 @@ __device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s)
     }
 }
 
+// The affine path when the constants vary along the last axis only (a per-channel chain over
+// a channels-last tensor: dims N, H, W, C; fp16 X and output, C a multiple of 8 and at most
+// NN_EW_LAST_MAX): the block works out each channel's coefficients once into shared memory,
+// then each thread applies them to 8 values at a time (one 16-byte load and store).
+template <typename Idx>
+__device__ __forceinline__ void nn_eltwise_affine_last(const NnEltwise& s)
+{
+    __shared__ float coef[2][NN_EW_LAST_MAX];
+    const int c = s.dims[3];
+    for (int k = threadIdx.x; k < c; k += blockDim.x)
+        nn_affine_coefficients(s, 0, 0, 0, k, coef[0][k], coef[1][k]);
+    __syncthreads();
+    const unsigned short* __restrict__ x = (const unsigned short*)s.operand[s.affine_x];
+    unsigned short* __restrict__ y = (unsigned short*)s.y;
+    const Idx total = (Idx)s.dims[0] * s.dims[1] * s.dims[2] * (Idx)c / 8;
+    for (Idx iv = blockIdx.x * (Idx)blockDim.x + threadIdx.x; iv < total;
+         iv += (Idx)gridDim.x * blockDim.x) {
+        const Idx i = iv * 8;
+        const int c0 = (int)(i % (Idx)c);
+        const uint4 q = __ldg((const uint4*)(x + i));
+        unsigned int w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int ch = c0 + 2 * k;
+            const float lo = nn_affine_apply(s, coef[0][ch], coef[1][ch],
+                                             half_bits_to_float((unsigned short)(w[k] & 0xffffu)));
+            const float hi = nn_affine_apply(s, coef[0][ch + 1], coef[1][ch + 1],
+                                             half_bits_to_float((unsigned short)(w[k] >> 16)));
+            w[k] = nn_pack2(float_to_half_bits(lo), float_to_half_bits(hi));
+        }
+        *(uint4*)(y + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
 // A fused chain of elementwise operators over a 4-D output (grid-stride). Operand k of op i:
 // ref -1 = the chain's value so far, else operand table entry; each operand is broadcast to the
 // output's 4-D shape by its strides (0 along broadcast axes). 32-bit index math when the tensor
@@ -1195,7 +1298,12 @@ extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
     __syncthreads();
     const long long total = (long long)s.dims[0] * s.dims[1] * s.dims[2] * s.dims[3];
     const bool small = total + (long long)gridDim.x * blockDim.x < 2147483647ll;
-    if (s.affine_x >= 0 && s.dims[3] % NN_EW_AFFINE_VEC == 0) {
+    if (s.affine_x >= 0 && s.affine_last) {
+        if (small)
+            nn_eltwise_affine_last<unsigned int>(s);
+        else
+            nn_eltwise_affine_last<long long>(s);
+    } else if (s.affine_x >= 0 && s.dims[3] % NN_EW_AFFINE_VEC == 0) {
         if (small)
             nn_eltwise_affine_body<unsigned int, NN_EW_AFFINE_VEC>(s);
         else

@@ -264,8 +264,16 @@ fn head(b: &mut Builder, x: &str, c: usize) -> String {
 /// blocks at the bottom, 4 bilinear 2x upsamplings with skip connections, two self-modulated
 /// normalizations before the output.
 pub fn tiny_like() -> ModelProto {
+    tiny_like_channels([4, 8, 8, 12, 16], true, "tiny_like")
+}
+
+/// [`tiny_like`] with channel counts `ch` per resolution level (full to 1/16), and with or
+/// without a block after the full-resolution skip Add (the real tiny has none: the
+/// normalization's convolution reads the sum). With 16 channels at full resolution and no such
+/// block, as the real tiny, its full-resolution tensors are stored channels-last and the
+/// convolution over the sum runs in bands.
+pub fn tiny_like_channels(ch: [usize; 5], full_res_block: bool, name: &str) -> ModelProto {
     let mut b = Builder::new(0x7109);
-    let ch = [4usize, 8, 8, 12, 16];
     let mut x = stem(&mut b, ch[0]);
     let mut skips = vec![x.clone()];
     for i in 0..4 {
@@ -282,13 +290,17 @@ pub fn tiny_like() -> ModelProto {
         let up = b.resize2x(&x);
         let y = b.block(&up, ch[i + 1], ch[i], 3, 1);
         let s = b.op("Add", &[&y, &skips[i]], vec![]);
-        x = b.block(&s, ch[i], ch[i], 3, 1);
+        x = if i > 0 || full_res_block {
+            b.block(&s, ch[i], ch[i], 3, 1)
+        } else {
+            s
+        };
     }
     let p = b.reflect_pad(&x, [1, 1, 1, 1]);
     let a = b.conv_nb(&p, ch[0], ch[0], 3);
     let n = b.modulated_norm(&a, ch[0]);
     let out = head(&mut b, &n, ch[0]);
-    let mut m = b.finish("input", &out, &[1, -1, -1, 3], "tiny_like");
+    let mut m = b.finish("input", &out, &[1, -1, -1, 3], name);
     rename_output(&mut m, &out, "output");
     m
 }

@@ -54,6 +54,12 @@ pub const EW_VEC: usize = 8;
 /// Elements one thread of an affine chain computes (when it divides the last axis): its
 /// coefficients are worked out once for all of them.
 pub const EW_AFFINE_VEC: usize = 32;
+/// The most values along the last axis of the per-last-axis affine path (its coefficients in
+/// shared memory).
+pub const EW_LAST_MAX: usize = 256;
+/// Blocks of a per-last-axis affine launch at most (about eight resident a multiprocessor on
+/// the large cards; each block pays for its coefficients once, then loops).
+pub const EW_LAST_BLOCKS: u32 = 1024;
 
 // Elementwise opcodes (binary first, then unary from NN_EW_FIRST_UNARY).
 const EW_ADD: i32 = 1;
@@ -147,6 +153,10 @@ pub struct NnConv {
     /// layer of few input channels, `tap_pack`), 1 when not packed; `wh` is laid out for
     /// ceil(kw / pack) virtual taps of pack * cin channels.
     pub pack: i32,
+    /// Tensor-core path: the first output row of this launch (a banded convolution runs as
+    /// several launches of consecutive row bands, `Band`), else 0.
+    pub row0: i32,
+    pub align: i32,
 }
 }
 
@@ -208,6 +218,9 @@ pub struct NnMomentsGram {
     pub hw: i64,
     pub c: i32,
     pub cout: i32,
+    /// Non-zero: x is channels-last with 16 channels (32 bytes a pixel).
+    pub cl: i32,
+    pub align: i32,
 }
 }
 
@@ -250,6 +263,11 @@ pub struct NnEltwise {
     /// ops of the affine part (the rest are unary).
     pub affine_x: i32,
     pub affine_ops: i32,
+    /// Non-zero: the affine part's constants vary along the last axis only, which holds at
+    /// most EW_LAST_MAX values (a per-channel chain over a channels-last tensor, its dims
+    /// ordered N, H, W, C; `affine_chain_last`).
+    pub affine_last: i32,
+    pub align: i32,
 }
 }
 
@@ -309,6 +327,7 @@ pub fn header() -> String {
         Define::int("NN_GRAM_SUMS", GRAM_SUMS as i64),
         Define::int("NN_GRAM_UNROLL", GRAM_UNROLL as i64),
         Define::int("NN_EW_AFFINE_VEC", EW_AFFINE_VEC as i64),
+        Define::int("NN_EW_LAST_MAX", EW_LAST_MAX as i64),
         Define::int("NN_EW_ADD", EW_ADD),
         Define::int("NN_EW_SUB", EW_SUB),
         Define::int("NN_EW_MUL", EW_MUL),
@@ -1057,6 +1076,7 @@ fn channels_last_values(
     storage: &Storage,
     half_of: &HashMap<String, bool>,
     folds: &Folds,
+    grams: &[Gram],
 ) -> HashMap<String, u32> {
     let mut out = HashMap::new();
     if !storage.tensor_cores {
@@ -1096,33 +1116,69 @@ fn channels_last_values(
             None => s.outputs[0].clone(),
         });
     }
+    // elementwise chains run over a channels-last output in its own order (`nn_eltwise`)
+    let elementwise = |i: usize| l.stages[i].kind == StageKind::Elementwise && !folds.folded(i);
+    for (i, s) in l.stages.iter().enumerate() {
+        if elementwise(i) && s.outputs.len() == 1 {
+            written.push(s.outputs[0].clone());
+        }
+    }
     for v in written {
         let Some(&[1, c, _, _]) = l.shapes.get(&v).map(Vec::as_slice) else {
             continue;
         };
-        if v == l.output || half_of.get(&v) != Some(&true) || c % 16 != 0 {
+        if v == l.output || half_of.get(&v) != Some(&true) || c % 16 != 0 || c > EW_LAST_MAX {
             continue;
         }
-        let mut readers = l
-            .stages
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.inputs.contains(&v))
-            .map(|(j, _)| j)
-            .peekable();
-        if readers.peek().is_some() && readers.all(|j| tensor_core_reader(j, &v)) {
-            out.insert(v, c as u32);
-        }
+        out.insert(v, c as u32);
     }
-    // a folded Add's addend and output: both or neither
+    let readers = |v: &str| -> Vec<usize> {
+        (0..l.stages.len())
+            .filter(|&j| l.stages[j].inputs.iter().any(|x| x == v))
+            .collect()
+    };
+    // drop values until every reader of a kept one reads channels-last
     loop {
-        let split = folds.residual.values().find_map(|(add, skip)| {
+        let mut dropped = Vec::new();
+        for (v, &c) in &out {
+            let reader_ok = |j: usize| {
+                let s = &l.stages[j];
+                tensor_core_reader(j, v)
+                    // the Gram moments read 16 channels a pixel; their 1x1 convolution
+                    // does not run
+                    || (c == 16 && grams.iter().any(|g| g.own == j || g.conv == j))
+                    || (elementwise(j)
+                        && s.outputs.len() == 1
+                        && out.contains_key(&s.outputs[0])
+                        && l.shapes.get(&s.outputs[0]) == l.shapes.get(v))
+            };
+            let rs = readers(v);
+            // an elementwise output reads its full-size inputs in its own order: they
+            // are channels-last too (one may hold the output in place)
+            let inputs_ok = l.stages.iter().enumerate().all(|(i, s)| {
+                !(elementwise(i) && s.outputs.first() == Some(v))
+                    || s.inputs
+                        .iter()
+                        .all(|x| l.shapes.get(x) != l.shapes.get(v) || out.contains_key(x))
+            });
+            if rs.is_empty() || !rs.iter().all(|&j| reader_ok(j)) || !inputs_ok {
+                dropped.push(v.clone());
+            }
+        }
+        // a folded Add's addend and output: both or neither
+        for (add, skip) in folds.residual.values() {
             let sum = &l.stages[*add].outputs[0];
-            (out.contains_key(sum) != out.contains_key(skip)).then(|| (sum.clone(), skip.clone()))
-        });
-        let Some((sum, skip)) = split else { break };
-        out.remove(&sum);
-        out.remove(&skip);
+            if out.contains_key(sum) != out.contains_key(skip) {
+                dropped.push(sum.clone());
+                dropped.push(skip.clone());
+            }
+        }
+        if dropped.is_empty() {
+            break;
+        }
+        for v in dropped {
+            out.remove(&v);
+        }
     }
     out
 }
@@ -1181,13 +1237,25 @@ fn in_place_outputs(
 /// Returns (X, ops of the affine part); `nn_eltwise` then folds each thread's constants into
 /// a * X + b once instead of interpreting the chain per value.
 pub fn affine_chain(p: &NnEltwise, operands: usize) -> Option<(usize, usize)> {
+    affine_chain_along(p, operands, &[3])
+}
+
+/// `affine_chain` with the other operands constant along every axis but the last (they vary
+/// per channel of a channels-last tensor whose dims are ordered N, H, W, C).
+pub fn affine_chain_last(p: &NnEltwise, operands: usize) -> Option<(usize, usize)> {
+    affine_chain_along(p, operands, &[0, 1, 2])
+}
+
+/// `affine_chain` with the operands other than X constant along `axes`.
+fn affine_chain_along(p: &NnEltwise, operands: usize, axes: &[usize]) -> Option<(usize, usize)> {
     let strides = |r: usize| &p.strides[4 * r..4 * r + 4];
     let dims = p.dims.map(|d| d as usize);
     let out = contiguous_strides(&dims).map(|s| s as i32);
     let full = |r: usize| (0..4).all(|a| dims[a] == 1 || strides(r)[a] == out[a]);
     let mut xs = (0..operands).filter(|&r| full(r));
     let x = xs.next()?;
-    if xs.next().is_some() || (0..operands).any(|r| r != x && strides(r)[3] != 0 && dims[3] != 1) {
+    let varies = |r: usize| axes.iter().any(|&a| strides(r)[a] != 0 && dims[a] != 1);
+    if xs.next().is_some() || (0..operands).any(|r| r != x && varies(r)) {
         return None;
     }
     let n_ops = p.n_ops as usize;
@@ -1214,6 +1282,89 @@ pub fn affine_chain(p: &NnEltwise, operands: usize) -> Option<(usize, usize)> {
         };
     }
     cur.then_some((x, n_ops))
+}
+
+/// Row bands a banded convolution runs in, at most.
+pub const BANDS: usize = 6;
+
+/// A stride-1 tensor-core convolution whose channels-last input dies at it, run as `count`
+/// launches of `rows` output rows each, top to bottom, writing its output over its input's
+/// buffer: the output at the buffer's start, the input `lag` rows further on. A band's output
+/// rows then land only on input rows that no later band reads, and the two tensors need one
+/// full-size buffer and `lag` rows instead of two (`band_geometry`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Band {
+    stage: usize,
+    x: String,
+    y: String,
+    rows: u32,
+    count: u32,
+    lag_bytes: u64,
+}
+
+/// Bands over `height` output rows of a stride-1 convolution of `kh` taps `dh` apart:
+/// (rows a band, bands, lag rows); rows are a multiple of TC_ROWS (a block's rows) and at
+/// least the kernel's reach, so reflected border rows stay inside the first and last bands'
+/// reads. Band k writes rows [k·rows, (k+1)·rows), which hold input rows lag less, all above
+/// what band k and the later bands read (from k·rows - reach on).
+pub fn band_geometry(height: usize, kh: usize, dh: usize) -> Option<(usize, usize, usize)> {
+    let reach = (kh.max(1) - 1) * dh;
+    let rows = height.div_ceil(BANDS).div_ceil(TC_ROWS as usize) * TC_ROWS as usize;
+    let count = height.div_ceil(rows.max(1));
+    (count > 1 && rows > reach).then_some((rows, count, rows + reach))
+}
+
+/// Convolutions that could run in bands (`Band`): stride 1, one group, on tensor cores reading
+/// a channels-last input that no later stage reads and writing a channels-last output of the
+/// same shape, with nothing folded into the gather or the epilogue.
+fn band_candidates(
+    l: &Lowered,
+    channels_last: &HashMap<String, u32>,
+    last: &dyn Fn(&str, u32) -> u32,
+    stored: &dyn Fn(&str) -> bool,
+) -> Vec<Band> {
+    let mut out = Vec::new();
+    for (i, s) in l.stages.iter().enumerate() {
+        let (Some(first), [y]) = (s.nodes.first(), s.outputs.as_slice()) else {
+            continue;
+        };
+        let Some(x) = first.input.first() else {
+            continue;
+        };
+        if s.kind != StageKind::Conv
+            || *x == l.input
+            || *y == l.output
+            || !stored(y)
+            || last(x, 0) != i as u32
+        {
+            continue;
+        }
+        let (Some(cx), Some(cy)) = (channels_last.get(x), channels_last.get(y)) else {
+            continue;
+        };
+        let Some(((kh, _), (1, 1), (dh, _), 1)) = conv_geometry(l, s) else {
+            continue;
+        };
+        let (Some(xs), Some(ys)) = (l.shapes.get(x), l.shapes.get(y)) else {
+            continue;
+        };
+        if cx != cy || xs != ys || xs.len() != 4 || dh < 1 {
+            continue;
+        }
+        let Some((rows, count, lag)) = band_geometry(xs[2], kh, dh as usize) else {
+            continue;
+        };
+        out.push(Band {
+            stage: i,
+            x: x.clone(),
+            y: y.clone(),
+            rows: rows as u32,
+            count: count as u32,
+            // fp16, channels-last: a row is W x C halves
+            lag_bytes: (lag * xs[3] * xs[1] * 2) as u64,
+        });
+    }
+    out
 }
 
 /// Builds the program of `spec` with `storage`, at the given bases (0, 0 to size it).
@@ -1296,51 +1447,85 @@ pub fn build(
     };
     let stored = |v: &str| !stat_values.contains_key(v) && !not_stored.contains_key(v);
     let in_place = in_place_outputs(l, &half_of, &stored, &last);
-    let channels_last = channels_last_values(l, storage, &half_of, &folds);
-    let mut requests = vec![BufferRequest {
-        name: l.input.clone(),
-        bytes: bytes_of(&l.input),
-        first: 0,
-        last: last(&l.input, 0),
-    }];
-    let mut request_of: HashMap<&str, usize> = HashMap::new();
-    for (i, s) in l.stages.iter().enumerate() {
-        for o in &s.outputs {
-            if !stored(o) {
-                continue;
+    let channels_last = channels_last_values(l, storage, &half_of, &folds, &grams);
+    // the buffer requests, with the banded convolutions' outputs sharing their inputs'
+    // buffers (`Band`); (requests, the request of each stored value)
+    let plan_requests = |bands: &[Band]| {
+        let mut requests = vec![BufferRequest {
+            name: l.input.clone(),
+            bytes: bytes_of(&l.input),
+            first: 0,
+            last: last(&l.input, 0),
+        }];
+        let mut request_of: HashMap<&str, usize> = HashMap::new();
+        for (i, s) in l.stages.iter().enumerate() {
+            for o in &s.outputs {
+                if !stored(o) {
+                    continue;
+                }
+                // an output over its input's buffer: an in-place elementwise output, or a
+                // banded convolution's, which needs `lag` more rows there
+                let host = in_place
+                    .get(o.as_str())
+                    .map(|h| (h.as_str(), 0))
+                    .or_else(|| {
+                        bands
+                            .iter()
+                            .find(|b| b.stage == i)
+                            .map(|b| (b.x.as_str(), b.lag_bytes))
+                    });
+                if let Some((r, extra)) = host.and_then(|(h, e)| Some((*request_of.get(h)?, e))) {
+                    requests[r].last = requests[r].last.max(last(o, i as u32));
+                    requests[r].bytes += extra;
+                    request_of.insert(o.as_str(), r);
+                    continue;
+                }
+                let first = written_by.get(o.as_str()).copied().unwrap_or(i as u32);
+                request_of.insert(o.as_str(), requests.len());
+                requests.push(BufferRequest {
+                    name: o.clone(),
+                    bytes: bytes_of(o),
+                    first,
+                    last: last(o, i as u32),
+                });
             }
-            if let Some(host) = in_place.get(o.as_str()) {
-                // the buffer of the input it overwrites lives on as this output
-                let r = request_of[host.as_str()];
-                requests[r].last = requests[r].last.max(last(o, i as u32));
-                request_of.insert(o.as_str(), r);
-                continue;
-            }
-            let first = written_by.get(o.as_str()).copied().unwrap_or(i as u32);
-            request_of.insert(o.as_str(), requests.len());
-            requests.push(BufferRequest {
-                name: o.clone(),
-                bytes: bytes_of(o),
-                first,
-                last: last(o, i as u32),
-            });
         }
-    }
-    let names = l
+        (requests, request_of)
+    };
+    let names: Vec<String> = l
         .stages
         .iter()
         .enumerate()
         .map(|(i, s)| format!("{i} {} {}", s.kind.label(), s.name))
         .collect();
     let halves = storage.half.iter().filter(|&&h| h).count();
-    let arena = ArenaPlan::layout_best(
-        &requests,
-        names,
-        format!(
-            "{:?} GPU ({halves} of {n_stages} stages fp16)",
-            spec.input_shape()
-        ),
+    let label = format!(
+        "{:?} GPU ({halves} of {n_stages} stages fp16)",
+        spec.input_shape()
     );
+    let layout = |bands: &[Band]| {
+        let (requests, request_of) = plan_requests(bands);
+        let arena = ArenaPlan::layout_best(&requests, names.clone(), label.clone());
+        (arena, requests, request_of)
+    };
+    // a convolution runs in bands where that makes the arena smaller (one band a buffer)
+    let mut bands: Vec<Band> = Vec::new();
+    let mut best = layout(&bands).0.arena_bytes;
+    for band in band_candidates(l, &channels_last, &last, &stored) {
+        let (_, request_of) = plan_requests(&bands);
+        let buffer = |v: &str| request_of.get(v).copied();
+        if bands.iter().any(|b| buffer(&b.x) == buffer(&band.x)) {
+            continue;
+        }
+        bands.push(band);
+        let bytes = layout(&bands).0.arena_bytes;
+        if bytes < best {
+            best = bytes;
+        } else {
+            bands.pop();
+        }
+    }
+    let (arena, requests, request_of) = layout(&bands);
     let mut places: HashMap<String, Place> = HashMap::new();
     for b in &arena.buffers {
         places.insert(
@@ -1350,6 +1535,22 @@ pub fn build(
                 half: half_of.get(&b.name) == Some(&true),
                 elements: elements(&b.name),
                 channels_last: channels_last.get(&b.name).copied(),
+            },
+        );
+    }
+    // a banded convolution's output at its buffer's start, the input (and whatever shares
+    // its place) `lag` rows further
+    for band in &bands {
+        let root = &requests[request_of[band.x.as_str()]].name;
+        let start = places[root.as_str()].addr;
+        places.get_mut(root.as_str()).expect("placed").addr += band.lag_bytes;
+        places.insert(
+            band.y.clone(),
+            Place {
+                addr: start,
+                half: true,
+                elements: elements(&band.y),
+                channels_last: channels_last.get(&band.y).copied(),
             },
         );
     }
@@ -1493,6 +1694,8 @@ pub fn build(
                     hw: hw as i64,
                     c: xs[1] as i32,
                     cout: l.shapes[&l.stages[g.conv].outputs[0]][1] as i32,
+                    cl: x.channels_last.is_some() as i32,
+                    align: 0,
                 };
                 blocks.push((
                     Kernel::MomentsGram,
@@ -1775,6 +1978,8 @@ pub fn build(
                     y_round: y_round as i32,
                     res_half: res.is_some_and(|r| r.half) as i32,
                     pack: pack as i32,
+                    row0: 0,
+                    align: 0,
                 };
                 if mma {
                     let (gx, gy) = (
@@ -1782,24 +1987,38 @@ pub fn build(
                         (ys[2] as u32).div_ceil(TC_ROWS),
                     );
                     let nt = tc_channel_tiles(n_tiles as u32, gx * gy);
-                    let grid = (gx, gy, (n_tiles as u32).div_ceil(nt));
-                    blocks.push((
-                        Kernel::ConvMma(
-                            y.half,
-                            nt as u8,
-                            if pack > 1 {
-                                MmaGather::TapPacked
-                            } else if x.channels_last.is_some() {
-                                MmaGather::ChannelsLast
-                            } else {
-                                MmaGather::Planar
-                            },
-                        ),
-                        bytemuck::bytes_of(&p).to_vec(),
-                        grid,
-                        (32 * TC_ROWS, 1, 1),
-                        i,
-                    ));
+                    let kernel = Kernel::ConvMma(
+                        y.half,
+                        nt as u8,
+                        if pack > 1 {
+                            MmaGather::TapPacked
+                        } else if x.channels_last.is_some() {
+                            MmaGather::ChannelsLast
+                        } else {
+                            MmaGather::Planar
+                        },
+                    );
+                    let gz = (n_tiles as u32).div_ceil(nt);
+                    // one launch, or one a band (its first row in `row0`)
+                    let (rows, count) = match bands.iter().find(|b| b.stage == i) {
+                        Some(b) => (b.rows, b.count),
+                        None => (ys[2] as u32, 1),
+                    };
+                    for k in 0..count {
+                        let row0 = k * rows;
+                        let band_rows = rows.min(ys[2] as u32 - row0);
+                        let p = NnConv {
+                            row0: row0 as i32,
+                            ..p
+                        };
+                        blocks.push((
+                            kernel,
+                            bytemuck::bytes_of(&p).to_vec(),
+                            (gx, band_rows.div_ceil(TC_ROWS), gz),
+                            (32 * TC_ROWS, 1, 1),
+                            i,
+                        ));
+                    }
                 } else {
                     let grid = (
                         (ys[3] as u32).div_ceil(CONV_BLOCK.0),
@@ -1990,7 +2209,14 @@ pub fn build(
                                     ));
                                 }
                                 let sd = dims4(&shape).expect("rank checked");
-                                let cs = contiguous_strides(&sd);
+                                let cs = match pl.channels_last {
+                                    // NHWC storage, its strides in NCHW order
+                                    Some(_) => {
+                                        let [_, c, h, w] = sd.map(|d| d as i64);
+                                        [h * w * c, 1, w * c, c]
+                                    }
+                                    None => contiguous_strides(&sd),
+                                };
                                 let o = operands.len();
                                 for a in 0..4 {
                                     if sd[a] != od[a] && sd[a] != 1 {
@@ -2030,13 +2256,39 @@ pub fn build(
                     prev = Some(n.output[0].as_str());
                 }
                 p.n_ops = s.nodes.len() as i32;
+                // a channels-last output: the chain runs over its dims ordered N, H, W, C (the
+                // operands' strides reordered alike), so the output is written contiguously
+                let od = match y.channels_last {
+                    Some(_) => {
+                        const NHWC: [usize; 4] = [0, 2, 3, 1];
+                        p.dims = NHWC.map(|a| od[a] as i32);
+                        for o in 0..operands.len() {
+                            let st: [i32; 4] = p.strides[4 * o..4 * o + 4].try_into().expect("4");
+                            for (k, &a) in NHWC.iter().enumerate() {
+                                p.strides[4 * o + k] = st[a];
+                            }
+                        }
+                        NHWC.map(|a| od[a])
+                    }
+                    None => od,
+                };
                 let vec = od[3] % EW_VEC == 0;
-                (p.affine_x, p.affine_ops) = match affine_chain(&p, operands.len()) {
+                let last =
+                    y.channels_last.is_some() && y.half && od[3] % 8 == 0 && od[3] <= EW_LAST_MAX;
+                let chain = if last {
+                    affine_chain_last(&p, operands.len()).filter(|&(x, _)| p.operand_half[x] != 0)
+                } else {
+                    affine_chain(&p, operands.len())
+                };
+                (p.affine_x, p.affine_ops) = match chain {
                     Some((x, ops)) if vec => (x as i32, ops as i32),
                     _ => (-1, 0),
                 };
+                p.affine_last = (last && p.affine_x >= 0) as i32;
                 // as nn_eltwise picks its path
-                let per_thread = if p.affine_x >= 0 && od[3] % EW_AFFINE_VEC == 0 {
+                let per_thread = if p.affine_last != 0 {
+                    8
+                } else if p.affine_x >= 0 && od[3] % EW_AFFINE_VEC == 0 {
                     EW_AFFINE_VEC
                 } else if vec {
                     EW_VEC
@@ -2044,10 +2296,15 @@ pub fn build(
                     1
                 };
                 let total = (od.iter().product::<usize>() / per_thread) as u64;
+                let mut grid = grid_1d(total, ELEMENTWISE_THREADS);
+                if p.affine_last != 0 {
+                    // each block works out its coefficients first: fewer blocks, each looping
+                    grid.0 = grid.0.min(EW_LAST_BLOCKS);
+                }
                 blocks.push((
                     Kernel::Eltwise,
                     bytemuck::bytes_of(&p).to_vec(),
-                    grid_1d(total, ELEMENTWISE_THREADS),
+                    grid,
                     (ELEMENTWISE_THREADS, 1, 1),
                     i,
                 ));
@@ -2588,6 +2845,80 @@ mod tests {
         let mut p = chain(&[(EW_ADD, 0, 1)], 2);
         p.strides[4..8].copy_from_slice(&[512, 32, 8, 1]);
         assert_eq!(affine_chain(&p, 2), None);
+    }
+
+    #[test]
+    fn per_channel_chains_over_channels_last_are_affine_along_the_last_axis() {
+        // dims N, H, W, C = 1, 4, 8, 16: X contiguous, the statistics per channel (last axis)
+        let norm = [(EW_SUB, 0, 1), (EW_DIV, -1, 2), (EW_LEAKY, -1, -1)];
+        let mut p = chain(&norm, 3);
+        p.dims = [1, 4, 8, 16];
+        p.strides[..4].copy_from_slice(&[512, 128, 16, 1]);
+        for r in 1..3 {
+            p.strides[4 * r..4 * r + 4].copy_from_slice(&[0, 0, 0, 1]);
+        }
+        assert_eq!(affine_chain_last(&p, 3), Some((0, 2)));
+        // the NCHW path wants constants along the last axis: not these
+        assert_eq!(affine_chain(&p, 3), None);
+        // a constant that varies along W (axis 2) is not per channel
+        p.strides[4..8].copy_from_slice(&[0, 0, 1, 0]);
+        assert_eq!(affine_chain_last(&p, 3), None);
+    }
+
+    /// Runs the bands of `band_geometry` in order on a model of the shared buffer (row r + lag
+    /// holds input row r, the output's row r lands on row r) and checks that every input row a
+    /// band reads, through the reflected border, is still the input when it is read, and that
+    /// the output ends whole in the first `height` rows.
+    #[test]
+    fn bands_never_overwrite_rows_still_to_be_read() {
+        #[derive(Clone, Copy, PartialEq, Debug)]
+        enum Row {
+            Free,
+            In(usize),
+            Out(usize),
+        }
+        let reflect = |r: i64, h: i64| -> usize {
+            let r = if r < 0 { -r } else { r };
+            (if r >= h { 2 * (h - 1) - r } else { r }) as usize
+        };
+        for height in [16usize, 80, 192, 544, 1088, 2176, 1081] {
+            for (kh, dh) in [(1usize, 1usize), (3, 1), (3, 2), (7, 1)] {
+                let Some((rows, count, lag)) = band_geometry(height, kh, dh) else {
+                    assert!(height <= 16, "{height} {kh} {dh}: no bands");
+                    continue;
+                };
+                assert!(count > 1 && count <= BANDS && rows * count >= height);
+                assert!(rows * (count - 1) < height, "an empty band");
+                let reach = (kh - 1) * dh;
+                // any top pad from 0 to the kernel's reach keeps the size
+                for pad_top in 0..=reach {
+                    let mut buffer = vec![Row::Free; height + lag];
+                    for r in 0..height {
+                        buffer[r + lag] = Row::In(r);
+                    }
+                    for k in 0..count {
+                        let (s, e) = (k * rows, ((k + 1) * rows).min(height));
+                        for o in s..e {
+                            for t in 0..kh {
+                                let r = o as i64 - pad_top as i64 + (t * dh) as i64;
+                                let r = reflect(r, height as i64);
+                                assert_eq!(
+                                    buffer[r + lag],
+                                    Row::In(r),
+                                    "{height} {kh} {dh} band {k}"
+                                );
+                            }
+                        }
+                        for (o, slot) in buffer.iter_mut().enumerate().take(e).skip(s) {
+                            *slot = Row::Out(o);
+                        }
+                    }
+                    for (r, slot) in buffer.iter().enumerate().take(height) {
+                        assert_eq!(*slot, Row::Out(r));
+                    }
+                }
+            }
+        }
     }
 
     #[test]
