@@ -420,6 +420,10 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
     }
 }
 
+// Registers per thread: the one- and two-tile variants (the full-resolution 16-channel layers,
+// latency-bound on their gathers) are held to 64 so that eight blocks share a multiprocessor.
+#define NN_TC_BOUNDS(NT) __launch_bounds__(32 * NN_TC_ROWS, (NT) <= 2 ? 8 : 1)
+
 #define NN_GATHER_PLANAR 0
 #define NN_GATHER_CHANNELS_LAST 1
 #define NN_GATHER_TAP_PACKED 2
@@ -596,26 +600,26 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 #endif
 }
 
-extern "C" __global__ void nn_conv_mma_hf_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_PLANAR>(p); }
-extern "C" __global__ void nn_conv_mma_hf_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, NN_GATHER_PLANAR>(p); }
-extern "C" __global__ void nn_conv_mma_hf_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, NN_GATHER_PLANAR>(p); }
-extern "C" __global__ void nn_conv_mma_hf_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8, NN_GATHER_PLANAR>(p); }
-extern "C" __global__ void nn_conv_mma_hh_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_PLANAR>(p); }
-extern "C" __global__ void nn_conv_mma_hh_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_PLANAR>(p); }
-extern "C" __global__ void nn_conv_mma_hh_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_PLANAR>(p); }
-extern "C" __global__ void nn_conv_mma_hh_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_PLANAR>(p); }
-extern "C" __global__ void nn_conv_mma_hf_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CHANNELS_LAST>(p); }
-extern "C" __global__ void nn_conv_mma_hf_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, NN_GATHER_CHANNELS_LAST>(p); }
-extern "C" __global__ void nn_conv_mma_hf_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, NN_GATHER_CHANNELS_LAST>(p); }
-extern "C" __global__ void nn_conv_mma_hf_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8, NN_GATHER_CHANNELS_LAST>(p); }
-extern "C" __global__ void nn_conv_mma_hh_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CHANNELS_LAST>(p); }
-extern "C" __global__ void nn_conv_mma_hh_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CHANNELS_LAST>(p); }
-extern "C" __global__ void nn_conv_mma_hh_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CHANNELS_LAST>(p); }
-extern "C" __global__ void nn_conv_mma_hh_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CHANNELS_LAST>(p); }
-extern "C" __global__ void nn_conv_mma_hh_1_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TAP_PACKED>(p); }
-extern "C" __global__ void nn_conv_mma_hh_2_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TAP_PACKED>(p); }
-extern "C" __global__ void nn_conv_mma_hh_4_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TAP_PACKED>(p); }
-extern "C" __global__ void nn_conv_mma_hh_8_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_TAP_PACKED>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hf_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hf_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hf_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hf_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_PLANAR>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hf_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hf_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hf_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hf_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 8, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CHANNELS_LAST>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TAP_PACKED>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TAP_PACKED>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TAP_PACKED>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_TAP_PACKED>(p); }
 
 extern "C" __global__ void nn_conv_ff(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF32>(p); }
 extern "C" __global__ void nn_conv_fh(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF16>(p); }

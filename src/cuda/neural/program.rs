@@ -2760,10 +2760,15 @@ mod tests {
         let defined: Vec<&str> = super::super::KERNEL_SOURCE
             .lines()
             .filter_map(|line| line.strip_prefix("extern \"C\" __global__ void "))
-            // a declaration may carry __launch_bounds__(...) before the name
-            .map(|rest| match rest.strip_prefix("__launch_bounds__(") {
-                Some(bounded) => bounded.split_once(')').unwrap().1,
-                None => rest,
+            // a declaration may carry __launch_bounds__(...) or a macro of it before the name
+            .map(|rest| {
+                match ["__launch_bounds__(", "NN_TC_BOUNDS("]
+                    .iter()
+                    .find_map(|b| rest.strip_prefix(b))
+                {
+                    Some(bounded) => bounded.split_once(')').unwrap().1,
+                    None => rest,
+                }
             })
             .map(|rest| rest.split('(').next().unwrap().trim())
             .collect();
