@@ -680,12 +680,79 @@ __device__ void nn_smooth_store(int c, double mean, double var, unsigned long lo
     ((float*)var_out)[c] = v;
 }
 
+// The statistics of a channels-last fp16 tensor of x_cl channels: grid (blocks, x_cl / 8), each
+// block sums its share of the pixels for 8 channels (one 16-byte load a pixel), in double;
+// the last block of the 8 (counted on the first one's counter) finishes them as nn_moments.
+__device__ __forceinline__ void nn_moments_cl(const NnMoments* __restrict__ p)
+{
+    __shared__ double shared[32];
+    __shared__ int last;
+    const int c0 = blockIdx.y * 8;
+    const long long hw = p->hw, stride = p->x_cl;
+    const long long chunk = (hw + gridDim.x - 1) / gridDim.x;
+    const long long begin = blockIdx.x * chunk;
+    const long long end = min(hw, begin + chunk);
+    const unsigned short* __restrict__ x = (const unsigned short*)p->x + c0;
+    double s[8], ss[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        s[j] = ss[j] = 0.0;
+    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const uint4 q = __ldg((const uint4*)(x + i * stride));
+        const unsigned int w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const double lo = half_bits_to_float((unsigned short)(w[k] & 0xffffu));
+            const double hi = half_bits_to_float((unsigned short)(w[k] >> 16));
+            s[2 * k] += lo;
+            ss[2 * k] += lo * lo;
+            s[2 * k + 1] += hi;
+            ss[2 * k + 1] += hi * hi;
+        }
+    }
+    double* partial = (double*)p->partial;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const double bs = nn_block_sum(s[j], shared);
+        const double bss = nn_block_sum(ss[j], shared);
+        if (threadIdx.x == 0) {
+            partial[2 * ((long long)(c0 + j) * gridDim.x + blockIdx.x)] = bs;
+            partial[2 * ((long long)(c0 + j) * gridDim.x + blockIdx.x) + 1] = bss;
+        }
+    }
+    unsigned int* counter = (unsigned int*)p->counter;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(counter + c0, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= 8)
+        return;
+    __threadfence();
+    const int c = c0 + threadIdx.x;
+    double ts = 0.0, tss = 0.0;
+    const volatile double* vp = partial;
+    for (int b = 0; b < (int)gridDim.x; b++) {
+        ts += vp[2 * ((long long)c * gridDim.x + b)];
+        tss += vp[2 * ((long long)c * gridDim.x + b) + 1];
+    }
+    if (threadIdx.x == 0)
+        counter[c0] = 0u;
+    const double mean = ts / (double)hw;
+    nn_smooth_store(c, mean, tss / (double)hw - mean * mean, p->control, p->state_mean,
+                    p->state_var, p->state_primed, p->mean, p->var);
+}
+
 // grid (blocks per channel, channels), NN_MOMENTS_THREADS threads. Each block sums its share of
 // a channel's plane (sum and sum of squares, double); the last block of the channel (counted
 // with an atomic, reset by that block) adds the partials in a fixed order, writes mean and
 // variance through the smoother (nn_smooth_store).
 extern "C" __global__ void nn_moments(const NnMoments* __restrict__ p)
 {
+    if (p->x_cl) {
+        nn_moments_cl(p);
+        return;
+    }
     __shared__ double shared[32];
     __shared__ int last;
     const int c = blockIdx.y;

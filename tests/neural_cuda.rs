@@ -25,7 +25,7 @@ use gsttoonflow::neural::frame::{
 };
 use gsttoonflow::neural::onnx::encode_model;
 use gsttoonflow::neural::temporal::StatSmoother;
-use onnx_models::{Rng, hayao_like, tiny_like, tiny_like_channels};
+use onnx_models::{Rng, hayao_like, hayao_like_channels, tiny_like, tiny_like_channels};
 
 macro_rules! need_gpu {
     () => {
@@ -48,7 +48,15 @@ fn generated() -> Vec<(NeuralModel, usize, usize)> {
             72,
         ),
         (tiny_16(), 256, 192),
+        (hayao_32(), 96, 72),
     ]
+}
+
+/// hayao_like with 32 channels below full resolution: its modulated normalizations' statistics
+/// come from the plain statistics kernel (more than 16 channels), over channels-last tensors.
+fn hayao_32() -> NeuralModel {
+    let m = hayao_like_channels([16, 32, 32, 32], "hayao_32");
+    NeuralModel::from_bytes(&encode_model(&m), "hayao_32").unwrap()
 }
 
 /// tiny_like with 16 channels at full resolution, as the real tiny: channels-last there, the
@@ -466,8 +474,8 @@ fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
 /// Activations that only tensor-core convolutions write and read are stored channels-last, so
 /// their gathers load 16 channels of a pixel in two 16-byte loads (no GPU needed to plan): on
 /// both generated models some convolutions gather channels-last; every channels-last value has
-/// a multiple of 16 channels; no normalization reads one (its statistics kernel reads NCHW);
-/// none in fp32. The 3-channel 7x7 stem packs its horizontal taps into K chunks.
+/// a multiple of 16 channels; no instance normalization's application reads one (the
+/// statistics kernels read both layouts); none in fp32. The 3-channel 7x7 stem packs its horizontal taps into K chunks.
 #[test]
 fn tensor_core_chains_store_channels_last() {
     use gsttoonflow::cuda::neural::program::{Kernel, MmaGather, build};
@@ -513,23 +521,15 @@ fn tensor_core_chains_store_channels_last() {
             for &(_, c) in &cl_values {
                 assert_eq!(c % 16, 0);
             }
-            // only the Gram moments' kernel reads statistics from a channels-last tensor
+            // the statistics kernels read channels-last tensors, an instance normalization's
+            // application does not
             let l = spec.lowered();
-            for (j, s) in l
-                .stages
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.stats.is_some())
-            {
-                let x = &s.stats.as_ref().unwrap().input;
-                let producer = l.stages.iter().position(|p| p.outputs.contains(x));
-                let gram = p
-                    .launches
-                    .iter()
-                    .any(|l| l.stage == j && l.kernel == Kernel::MomentsGram);
-                if let Some(i) = producer
-                    && !gram
-                {
+            for s in l.stages.iter() {
+                let Some(x) = s.stats.as_ref().filter(|st| st.instance.is_some()) else {
+                    continue;
+                };
+                let producer = l.stages.iter().position(|p| p.outputs.contains(&x.input));
+                if let Some(i) = producer {
                     assert!(
                         p.stage_outputs[i].iter().all(|p| p.channels_last.is_none()),
                         "{}: a normalization reads channels-last stage {i}",
@@ -614,6 +614,46 @@ fn convolutions_over_their_dying_input_run_in_bands() {
         .collect();
     assert_eq!(last_axis.len(), 1);
     assert_eq!(last_axis[0].dims, [1, 192, 256, 16]);
+}
+
+/// The statistics kernel reads channels-last tensors 8 channels a pixel (no GPU needed to plan):
+/// on hayao_32 in fp16 some statistics launches read channels-last, with a grid row per 8
+/// channels; in fp32 none.
+#[test]
+fn statistics_read_channels_last_tensors() {
+    use gsttoonflow::cuda::neural::program::{Kernel, NnMoments, build};
+    let spec = hayao_32().specialise(72, 96).unwrap();
+    for half in [true, false] {
+        let p = build(&spec, &Storage::uniform(spec.stage_count(), half), 0, 0).unwrap();
+        let moments: Vec<(NnMoments, u32)> = p
+            .launches
+            .iter()
+            .filter(|l| l.kernel == Kernel::Moments)
+            .map(|l| {
+                let at = l.params as usize;
+                let m: NnMoments = bytemuck::pod_read_unaligned(
+                    &p.static_init[at..at + std::mem::size_of::<NnMoments>()],
+                );
+                (m, l.grid.1)
+            })
+            .collect();
+        let cl: Vec<&(NnMoments, u32)> = moments.iter().filter(|m| m.0.x_cl != 0).collect();
+        println!(
+            "hayao_32 fp{}: {} of {} statistics launches read channels-last",
+            if half { 16 } else { 32 },
+            cl.len(),
+            moments.len()
+        );
+        if !half {
+            assert!(cl.is_empty());
+            continue;
+        }
+        assert!(!cl.is_empty());
+        for (m, rows) in cl {
+            assert_eq!(m.x_cl % 16, 0);
+            assert_eq!(*rows, m.x_cl as u32 / 8);
+        }
+    }
 }
 
 /// Each self-modulated normalization (a tensor normalized by its own statistics and re-scaled

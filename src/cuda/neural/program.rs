@@ -187,6 +187,10 @@ pub struct NnMoments {
     pub control: u64,
     pub hw: i32,
     pub x_half: i32,
+    /// Channels of a channels-last fp16 x (grid y: channel groups of 8), or 0: NCHW (grid y:
+    /// channels).
+    pub x_cl: i32,
+    pub align: i32,
 }
 }
 
@@ -1147,6 +1151,13 @@ fn channels_last_values(
                     // the Gram moments read 16 channels a pixel; their 1x1 convolution
                     // does not run
                     || (c == 16 && grams.iter().any(|g| g.own == j || g.conv == j))
+                    // the statistics kernel reads 8 channels a pixel (not an instance
+                    // normalization's application, which reads NCHW)
+                    || (s.kind == StageKind::Normalize
+                        && c % 8 == 0
+                        && s.stats
+                            .as_ref()
+                            .is_some_and(|st| st.instance.is_none() && st.input == *v))
                     || (elementwise(j)
                         && s.outputs.len() == 1
                         && out.contains_key(&s.outputs[0])
@@ -2056,11 +2067,14 @@ pub fn build(
                     control,
                     hw: hw as i32,
                     x_half: x.half as i32,
+                    x_cl: x.channels_last.map_or(0, |c| c as i32),
+                    align: 0,
                 };
+                let groups = if x.channels_last.is_some() { c / 8 } else { c };
                 blocks.push((
                     Kernel::Moments,
                     bytemuck::bytes_of(&p).to_vec(),
-                    (blocks_for(hw as u64) as u32, c as u32, 1),
+                    (blocks_for(hw as u64) as u32, groups as u32, 1),
                     (MOMENTS_THREADS, 1, 1),
                     i,
                 ));
