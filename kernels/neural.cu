@@ -1052,14 +1052,22 @@ extern "C" __global__ void nn_norm_apply(const NnNormApply* __restrict__ p)
     const long long total = (long long)p->c * p->hw;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        // the channel by a 32-bit division when the index allows (hw < 2^31 always)
-        int c = i < 2147483647ll ? (int)((unsigned int)i / (unsigned int)p->hw) : (int)(i / p->hw);
+        // the channel by a 32-bit division when the index allows (hw < 2^31 always); a
+        // channels-last output runs over its own order and reads x's planes across
+        int c;
+        long long xi = i;
+        if (p->y_cl) {
+            c = (int)(i % p->y_cl);
+            xi = (long long)c * p->hw + i / p->y_cl;
+        } else {
+            c = i < 2147483647ll ? (int)((unsigned int)i / (unsigned int)p->hw) : (int)(i / p->hw);
+        }
         float m = ((const float*)p->mean)[c];
         float v = ((const float*)p->var)[c];
         float inv = 1.0f / sqrtf(v + p->eps);
         float s = p->scale ? ((const float*)p->scale)[c] : 1.0f;
         float b = p->bias ? ((const float*)p->bias)[c] : 0.0f;
-        float x = nn_load(p->x, i, p->x_half);
+        float x = nn_load(p->x, xi, p->x_half);
         float y = (x - m) * inv * s + b;
         nn_store(p->y, i, p->y_half, nn_activate(y, p->act, p->act_a, p->act_b));
     }

@@ -245,6 +245,9 @@ pub struct NnNormApply {
     pub act: i32,
     pub act_a: f32,
     pub act_b: f32,
+    /// Channels of a channels-last y (x stays NCHW), or 0: y NCHW.
+    pub y_cl: i32,
+    pub align: i32,
 }
 }
 
@@ -1122,8 +1125,10 @@ fn channels_last_values(
     }
     // elementwise chains run over a channels-last output in its own order (`nn_eltwise`)
     let elementwise = |i: usize| l.stages[i].kind == StageKind::Elementwise && !folds.folded(i);
+    // and an instance normalization's application writes either layout (from NCHW)
+    let instance = |s: &Stage| s.stats.as_ref().is_some_and(|st| st.instance.is_some());
     for (i, s) in l.stages.iter().enumerate() {
-        if elementwise(i) && s.outputs.len() == 1 {
+        if (elementwise(i) || instance(s)) && s.outputs.len() == 1 {
             written.push(s.outputs[0].clone());
         }
     }
@@ -2116,6 +2121,8 @@ pub fn build(
                         act,
                         act_a,
                         act_b,
+                        y_cl: y.channels_last.map_or(0, |c| c as i32),
+                        align: 0,
                     };
                     blocks.push((
                         Kernel::NormApply,
