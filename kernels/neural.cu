@@ -380,25 +380,26 @@ __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc
 }
 
 // Tap-packed gather (a layer of few input channels, e.g. the 3-channel stem; one K chunk): tile
-// pixel t holds `pack` horizontal taps of cin channels side by side (halves j * cin + c: the
-// table's pixel t + j * dw, those past the kernel's width meeting zero weights), the rest
-// zero. Each table pixel is read once and scattered into the pack tile pixels that hold it;
-// the tile was zeroed with the table's writes.
+// pixel t holds `pack` horizontal taps side by side, each in a slot of 4 or 8 halves (its cin
+// channels, then zeros; program::tap_slot): the table's pixel t + j * dw in slot j, the slots
+// past pack zero. First each table pixel is read once and staged as one slot word (8 or 16
+// bytes), then each tile pixel assembles its chunk from pack staged words: two 16-byte stores
+// a tile pixel, no scattered 2-byte ones.
 __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p, const int2* source,
                                                     unsigned short* tile, int rows, int cols,
                                                     int scols, unsigned short fill_bits)
 {
-    const int cin = p->cin;
+    const int cin = p->cin, pack = p->pack;
+    const bool wide = cin > 4; // slots of 8 halves, else 4
+    // the staging after the table, 16-byte aligned
+    unsigned short* staged = (unsigned short*)(source + ((rows * scols + 1) & ~1));
     for (int se = threadIdx.x; se < rows * scols; se += blockDim.x) {
-        const int r = se / scols, sc = se - r * scols;
         const int2 at = source[se];
         const long long off = (long long)at.x * p->x_rs + (long long)at.y * p->x_ps;
         unsigned short h[8];
 #pragma unroll
         for (int c = 0; c < 8; c++) {
-            if (c >= cin)
-                h[c] = 0;
-            else if (at.x == -1)
+            if (c >= cin || at.x == -1)
                 h[c] = 0;
             else if (at.x == -2)
                 h[c] = fill_bits;
@@ -407,26 +408,49 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
             else
                 h[c] = __ldg((const unsigned short*)p->x + off + (long long)c * p->x_cs);
         }
-        for (int j = 0; j < p->pack; j++) {
-            const int tc = sc - j * p->dw;
-            if (tc < 0 || tc >= cols)
-                continue;
-            unsigned short* dst = tile + (r * cols + tc) * NN_TC_PIX + j * cin;
+        if (wide)
+            *(uint4*)(staged + se * 8) = make_uint4(nn_pack2(h[0], h[1]), nn_pack2(h[2], h[3]),
+                                                    nn_pack2(h[4], h[5]), nn_pack2(h[6], h[7]));
+        else
+            *(uint2*)(staged + se * 4) = make_uint2(nn_pack2(h[0], h[1]), nn_pack2(h[2], h[3]));
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
+        const int r = e / cols, tc = e - r * cols;
+        const int base = r * scols + tc;
+        unsigned int v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        if (wide) {
 #pragma unroll
-            for (int c = 0; c < 8; c++)
-                if (c < cin)
-                    dst[c] = h[c];
+            for (int j = 0; j < 2; j++)
+                if (j < pack) {
+                    const uint4 q = *(const uint4*)(staged + (base + j * p->dw) * 8);
+                    v[4 * j] = q.x;
+                    v[4 * j + 1] = q.y;
+                    v[4 * j + 2] = q.z;
+                    v[4 * j + 3] = q.w;
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (j < pack) {
+                    const uint2 q = *(const uint2*)(staged + (base + j * p->dw) * 4);
+                    v[2 * j] = q.x;
+                    v[2 * j + 1] = q.y;
+                }
         }
+        uint4* dst = (uint4*)(tile + e * NN_TC_PIX);
+        dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
     }
 }
-
-// Registers per thread: the one- and two-tile variants (the full-resolution 16-channel layers,
-// latency-bound on their gathers) are held to 64 so that eight blocks share a multiprocessor.
-#define NN_TC_BOUNDS(NT) __launch_bounds__(32 * NN_TC_ROWS, (NT) <= 2 ? 8 : 1)
 
 #define NN_GATHER_PLANAR 0
 #define NN_GATHER_CHANNELS_LAST 1
 #define NN_GATHER_TAP_PACKED 2
+
+// Registers per thread: the one- and two-tile variants (the full-resolution 16-channel layers,
+// latency-bound on their gathers) are held to 64 so that eight blocks share a multiprocessor.
+#define NN_TC_BOUNDS(NT) __launch_bounds__(32 * NN_TC_ROWS, (NT) <= 2 ? 8 : 1)
 
 template <typename O, int NT, int GATHER>
 __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
@@ -457,11 +481,6 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         const int r = e / scols;
         source[e] = nn_tc_source(p, py0 + r, px0 + (e - r * scols));
     }
-    if (GATHER == NN_GATHER_TAP_PACKED) // the halves no tap fills stay zero
-        for (int e = threadIdx.x; e < npx; e += blockDim.x) {
-            uint4* dst = (uint4*)(tile + e * NN_TC_PIX);
-            dst[0] = dst[1] = make_uint4(0, 0, 0, 0);
-        }
     float acc[2][NT][4];
 #pragma unroll
     for (int m = 0; m < 2; m++)

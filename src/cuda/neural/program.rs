@@ -737,11 +737,23 @@ fn tc_tile_halves(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usi
 /// each tile pixel comes from (two i32 each). Small tiles let more blocks share an SM. With
 /// `pack` taps packed per chunk the tile is that of ceil(kw / pack) taps pack * dw apart, and
 /// the table reaches pack - 1 taps further right.
-fn tc_shared_bytes(k: (usize, usize), stride: (i64, i64), dil: (i64, i64), pack: usize) -> u32 {
+fn tc_shared_bytes(
+    k: (usize, usize),
+    stride: (i64, i64),
+    dil: (i64, i64),
+    pack: usize,
+    cin: usize,
+) -> u32 {
     let (k, dil_v) = ((k.0, k.1.div_ceil(pack)), (dil.0, dil.1 * pack as i64));
     let (rows, cols) = tc_tile(k, stride, dil_v);
     let table_cols = cols + (pack - 1) * dil.1 as usize;
-    (rows * cols * TC_PIX * 2 + rows * table_cols * 8) as u32
+    // tap-packed: the table's pixels staged as tap_slot halves each, 16-byte aligned
+    let staged = if pack > 1 {
+        (rows * table_cols).next_multiple_of(2) * tap_slot(cin) * 2
+    } else {
+        0
+    };
+    (rows * cols * TC_PIX * 2 + rows * table_cols * 8 + staged) as u32
 }
 
 /// Horizontal taps a tensor-core convolution packs into one 16-wide K chunk: with few input
@@ -752,13 +764,20 @@ pub fn tap_pack(cin: usize, kw: usize) -> usize {
     if cin == 0 || cin > 8 || kw < 2 {
         return 1;
     }
-    let virtual_taps = kw.div_ceil(16 / cin);
+    let virtual_taps = kw.div_ceil(16 / tap_slot(cin));
     kw.div_ceil(virtual_taps)
 }
 
+/// Halves a packed tap takes in its K chunk: its cin channels, then zeros to 4 or 8, so that
+/// the gather stages each source pixel as one 8- or 16-byte word and assembles a chunk from
+/// whole words (`nn_tc_gather_packed` computes the same from cin).
+pub fn tap_slot(cin: usize) -> usize {
+    if cin <= 4 { 4 } else { 8 }
+}
+
 /// Weights of a tap-packed convolution ([cout][cin][kh][kw]) as those of the virtual one it
-/// runs: [cout][pack * cin][kh][ceil(kw / pack)], virtual channel j * cin + c of virtual tap
-/// g being tap g * pack + j of channel c (zero past kw).
+/// runs: [cout][pack * slot][kh][ceil(kw / pack)], virtual channel j * slot + c of virtual tap
+/// g being tap g * pack + j of channel c (`tap_slot`; zero past kw and for c ≥ cin).
 pub fn packed_weights(
     w: &[f32],
     cout: usize,
@@ -768,7 +787,8 @@ pub fn packed_weights(
     pack: usize,
 ) -> Vec<f32> {
     let kw_v = kw.div_ceil(pack);
-    let cin_v = pack * cin;
+    let slot = tap_slot(cin);
+    let cin_v = pack * slot;
     let mut out = vec![0.0; cout * cin_v * kh * kw_v];
     for oc in 0..cout {
         for j in 0..pack {
@@ -777,7 +797,7 @@ pub fn packed_weights(
                     for g in 0..kw_v {
                         let kx = g * pack + j;
                         if kx < kw {
-                            out[((oc * cin_v + j * cin + c) * kh + ky) * kw_v + g] =
+                            out[((oc * cin_v + j * slot + c) * kh + ky) * kw_v + g] =
                                 w[((oc * cin + c) * kh + ky) * kw + kx];
                         }
                     }
@@ -1931,14 +1951,18 @@ pub fn build(
                 } else {
                     1
                 };
-                let cin_pad = (cin * pack).div_ceil(16) * 16;
+                let cin_pad = if pack > 1 {
+                    (tap_slot(cin) * pack).div_ceil(16) * 16
+                } else {
+                    cin.div_ceil(16) * 16
+                };
                 let n_tiles = cout.div_ceil(8);
                 let wh = if mma {
-                    // a tap-packed convolution runs as one of cin * pack channels and fewer taps
+                    // a tap-packed convolution runs as one of slot * pack channels and fewer taps
                     let packed;
                     let (weights, k_cin, k_taps) = if pack > 1 {
                         packed = packed_weights(&wt.data, cout, cin, kh, kw, pack);
-                        (&packed[..], cin * pack, kh * kw.div_ceil(pack))
+                        (&packed[..], tap_slot(cin) * pack, kh * kw.div_ceil(pack))
                     } else {
                         (&wt.data[..], cin, kh * kw)
                     };
@@ -2508,6 +2532,7 @@ pub fn build(
                     (p.sh as i64, p.sw as i64),
                     (p.dh as i64, p.dw as i64),
                     p.pack as usize,
+                    p.cin as usize,
                 )
             }
             _ => 0,
@@ -2751,7 +2776,8 @@ mod tests {
             }
         };
         let pack = tap_pack(cin, kw);
-        let (kw_v, cin_v) = (kw.div_ceil(pack), cin * pack);
+        let slot = tap_slot(cin);
+        let (kw_v, cin_v) = (kw.div_ceil(pack), slot * pack);
         let wv = packed_weights(&w, cout, cin, kh, kw, pack);
         for oc in 0..cout {
             for ox in 0..width - kw + 1 {
@@ -2765,9 +2791,13 @@ mod tests {
                     }
                     for g in 0..kw_v {
                         for k in 0..cin_v {
-                            let (j, c) = (k / cin, k % cin);
-                            virt += wv[((oc * cin_v + k) * kh + ky) * kw_v + g]
-                                * at(c, ky, ox + g * pack + j);
+                            let (j, c) = (k / slot, k % slot);
+                            let weight = wv[((oc * cin_v + k) * kh + ky) * kw_v + g];
+                            if c >= cin {
+                                assert_eq!(weight, 0.0, "a slot's padding carries a weight");
+                                continue;
+                            }
+                            virt += weight * at(c, ky, ox + g * pack + j);
                         }
                     }
                 }
@@ -2950,7 +2980,13 @@ mod tests {
     #[test]
     fn shared_memory_holds_the_tile_and_its_source_table() {
         // 3x3 stride 1: 6 rows x 34 columns, 48 bytes of tile and 8 of table per pixel
-        assert_eq!(tc_shared_bytes((3, 3), (1, 1), (1, 1), 1), 6 * 34 * 56);
+        assert_eq!(tc_shared_bytes((3, 3), (1, 1), (1, 1), 1, 16), 6 * 34 * 56);
+        // the 3-channel 7x7 stem, 4 taps packed: 10 rows x 36 columns of tile, a table of
+        // 39 columns, each table pixel staged as 4 halves
+        assert_eq!(
+            tc_shared_bytes((7, 7), (1, 1), (1, 1), 4, 3),
+            (10 * 36 * 48 + 10 * 39 * 8 + 390 * 8) as u32
+        );
         // the largest tile that takes the tensor cores still fits 48 KiB without opt-in
         const { assert!(TC_TILE_HALVES * 2 + TC_TILE_HALVES / TC_PIX * 8 <= 48 * 1024) };
     }
