@@ -839,8 +839,9 @@ extern "C" __global__ void nn_moments(const NnMoments* __restrict__ p)
                     p->mean, p->var);
 }
 
-// Gram moments (sm_80+) of an fp16 NCHW tensor x of C <= 16 channels: its per-channel sums and
-// the 16x16 sums of products x x^T over all pixels, from which it finishes x's own mean and
+// Gram moments (sm_80+) of an fp16 tensor x of C <= 16 channels (NCHW, or channels-last with
+// 16: `cl`, below): its per-channel sums and the 16x16 sums of products x x^T over all
+// pixels, from which it finishes x's own mean and
 // variance (when `mean` is set) and those of y = W x + b, a 1x1 convolution whose output only
 // its statistics read: mean_y = W mean_x + b, var_y[o] = w_o^T cov_x w_o. The convolution and
 // the pass over its output are never run.

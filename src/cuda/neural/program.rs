@@ -1091,13 +1091,15 @@ pub fn gram_blocks(hw: u64) -> u32 {
         .clamp(1, GRAM_MAX_BLOCKS as u64) as u32
 }
 
-/// Values stored channels-last (NHWC): fp16 activations that a tensor-core convolution's
-/// epilogue writes (its own output, or a residual Add folded into it) and that only
-/// tensor-core convolutions read (their gather, directly or through a folded Resize, or the
-/// other addend of a folded residual Add), with a channel count that keeps a pixel's 16-channel
-/// chunks whole. Their gathers are then two 16-byte loads per pixel and chunk (the other
-/// kernels read NCHW, so any other reader keeps a value NCHW). A folded Add's addend and output
-/// share the epilogue's index, so they are channels-last together or not at all.
+/// Values stored channels-last (NHWC): fp16 activations with a channel count that keeps a
+/// pixel's 16-channel chunks whole, written by a tensor-core epilogue (its own output, or a
+/// residual Add folded into it), an elementwise chain or an instance normalization's
+/// application, and read only by kernels that read NHWC: tensor-core gathers (directly,
+/// through a folded Resize, or the other addend of a folded residual Add), the statistics and
+/// Gram moments kernels, and elementwise chains whose output is channels-last too (they run in
+/// its N, H, W, C order, so one may write over its input). A fixed point drops values until
+/// every reader of a kept one qualifies. A folded Add's addend and output share the epilogue's
+/// index, so they are channels-last together or not at all.
 fn channels_last_values(
     l: &Lowered,
     storage: &Storage,
