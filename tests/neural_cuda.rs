@@ -120,6 +120,16 @@ fn tensor_core_convs(p: &gsttoonflow::cuda::neural::program::Program) -> usize {
         .count()
 }
 
+/// The parameter block of launch `l` in a program built at static base 0 (a block's address is
+/// then its offset in the static bytes).
+fn params<T: bytemuck::Pod>(
+    p: &gsttoonflow::cuda::neural::program::Program,
+    l: &gsttoonflow::cuda::neural::program::Launch,
+) -> T {
+    let at = l.params as usize;
+    bytemuck::pod_read_unaligned(&p.static_init[at..at + std::mem::size_of::<T>()])
+}
+
 fn run_gpu(g: &mut NeuralGpu, input: &Tensor<f32>) -> Tensor<f32> {
     let mut out = Tensor::zeros(&input.shape);
     g.run(input, &mut out).unwrap();
@@ -556,15 +566,16 @@ fn convolutions_over_their_dying_input_run_in_bands() {
     let spec = tiny_16().specialise(192, 256).unwrap();
     let p = build(&spec, &Storage::uniform(spec.stage_count(), true), 0, 0).unwrap();
     p.arena.validate().unwrap();
-    let read = |at: u64, len: usize| &p.static_init[at as usize..at as usize + len];
     let mut per_stage: std::collections::HashMap<usize, Vec<NnConv>> = Default::default();
     for l in p
         .launches
         .iter()
         .filter(|l| matches!(l.kernel, Kernel::ConvMma(..)))
     {
-        let c: NnConv = bytemuck::pod_read_unaligned(read(l.params, std::mem::size_of::<NnConv>()));
-        per_stage.entry(l.stage).or_default().push(c);
+        per_stage
+            .entry(l.stage)
+            .or_default()
+            .push(params::<NnConv>(&p, l));
     }
     let banded: Vec<(&usize, &Vec<NnConv>)> =
         per_stage.iter().filter(|(_, v)| v.len() > 1).collect();
@@ -601,7 +612,7 @@ fn convolutions_over_their_dying_input_run_in_bands() {
         .launches
         .iter()
         .filter(|l| l.kernel == Kernel::MomentsGram)
-        .map(|l| bytemuck::pod_read_unaligned(read(l.params, std::mem::size_of::<NnMomentsGram>())))
+        .map(|l| params::<NnMomentsGram>(&p, l))
         .collect();
     assert_eq!(grams.len(), 1);
     assert_eq!((grams[0].c, grams[0].cl), (16, 1));
@@ -609,7 +620,7 @@ fn convolutions_over_their_dying_input_run_in_bands() {
         .launches
         .iter()
         .filter(|l| l.kernel == Kernel::Eltwise)
-        .map(|l| bytemuck::pod_read_unaligned(read(l.params, std::mem::size_of::<NnEltwise>())))
+        .map(|l| params::<NnEltwise>(&p, l))
         .filter(|e: &NnEltwise| e.affine_last != 0)
         .collect();
     assert_eq!(last_axis.len(), 1);
@@ -629,13 +640,7 @@ fn statistics_read_channels_last_tensors() {
             .launches
             .iter()
             .filter(|l| l.kernel == Kernel::Moments)
-            .map(|l| {
-                let at = l.params as usize;
-                let m: NnMoments = bytemuck::pod_read_unaligned(
-                    &p.static_init[at..at + std::mem::size_of::<NnMoments>()],
-                );
-                (m, l.grid.1)
-            })
+            .map(|l| (params::<NnMoments>(&p, l), l.grid.1))
             .collect();
         let cl: Vec<&(NnMoments, u32)> = moments.iter().filter(|m| m.0.x_cl != 0).collect();
         println!(
@@ -759,11 +764,7 @@ fn normalization_chains_take_the_affine_path() {
             .iter()
             .filter(|l| l.kernel == Kernel::Eltwise)
             .map(|l| {
-                // static base 0: a parameter block's address is its offset
-                let at = l.params as usize;
-                let e: NnEltwise = bytemuck::pod_read_unaligned(
-                    &p.static_init[at..at + std::mem::size_of::<NnEltwise>()],
-                );
+                let e = params::<NnEltwise>(&p, l);
                 (e.affine_x, e.n_ops)
             })
             .collect();
