@@ -1546,24 +1546,24 @@ pub fn build(
         let arena = ArenaPlan::layout_best(&requests, names.clone(), label.clone());
         (arena, requests, request_of)
     };
-    // a convolution runs in bands where that makes the arena smaller (one band a buffer)
+    // a convolution runs in bands where that makes the arena smaller (one band a buffer); the
+    // layout kept is the last one that shrank it
     let mut bands: Vec<Band> = Vec::new();
-    let mut best = layout(&bands).0.arena_bytes;
+    let mut kept = layout(&bands);
     for band in band_candidates(l, &channels_last, &last, &stored) {
-        let (_, request_of) = plan_requests(&bands);
-        let buffer = |v: &str| request_of.get(v).copied();
+        let buffer = |v: &str| kept.2.get(v).copied();
         if bands.iter().any(|b| buffer(&b.x) == buffer(&band.x)) {
             continue;
         }
         bands.push(band);
-        let bytes = layout(&bands).0.arena_bytes;
-        if bytes < best {
-            best = bytes;
+        let candidate = layout(&bands);
+        if candidate.0.arena_bytes < kept.0.arena_bytes {
+            kept = candidate;
         } else {
             bands.pop();
         }
     }
-    let (arena, requests, request_of) = layout(&bands);
+    let (arena, requests, request_of) = kept;
     let mut places: HashMap<String, Place> = HashMap::new();
     for b in &arena.buffers {
         places.insert(
