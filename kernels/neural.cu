@@ -447,6 +447,12 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 #define NN_GATHER_PLANAR 0
 #define NN_GATHER_CHANNELS_LAST 1
 #define NN_GATHER_TAP_PACKED 2
+// Channels-last, with the horizontal taps paired in N (a layer of at most 4 output channels,
+// e.g. the 16 -> 3 output convolution): virtual tap g of row ky multiplies the pixel at
+// p + 2g by w[ky][2g] in columns 0-3 (toward output p) and by w[ky][2g + 1] in columns 4-7
+// (toward output p - 1), so output q = E[q] + O[q + 1] from half the A fragments. A warp's 32
+// A rows then give 31 outputs (NN_TC_COLS - 1 a block row).
+#define NN_GATHER_CL_PAIRED 3
 
 // Registers per thread: the one- and two-tile variants (the full-resolution 16-channel layers,
 // latency-bound on their gathers) are held to 64 so that eight blocks share a multiprocessor.
@@ -459,18 +465,21 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     extern __shared__ __align__(16) unsigned short tile[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int oy0 = p->row0 + blockIdx.y * NN_TC_ROWS, ox0 = blockIdx.x * NN_TC_COLS;
+    const bool paired = GATHER == NN_GATHER_CL_PAIRED;
+    const int oy0 = p->row0 + blockIdx.y * NN_TC_ROWS;
+    const int ox0 = blockIdx.x * (paired ? NN_TC_COLS - 1 : NN_TC_COLS);
     const int nt0 = blockIdx.z * NT;
     const int ntn = min(NT, p->n_tiles - nt0);
     const int cin = p->cin, chunks = p->cin_pad >> 4;
     // the tile: the padded-input rows and columns the block's outputs read
     // tap-packed: kw_v virtual taps of `pack` real ones each, dw_v apart; the table reaches
     // pack - 1 taps further right than the tile
-    const int pack = GATHER == NN_GATHER_TAP_PACKED ? p->pack : 1;
+    // paired: kw_v virtual taps two real ones apart; the table is the tile
+    const int pack = GATHER == NN_GATHER_TAP_PACKED ? p->pack : paired ? 2 : 1;
     const int kw_v = (p->kw + pack - 1) / pack, dw_v = p->dw * pack;
     const int rows = (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
     const int cols = (NN_TC_COLS - 1) * p->sw + (kw_v - 1) * dw_v + 1;
-    const int scols = cols + (pack - 1) * p->dw;
+    const int scols = paired ? cols : cols + (pack - 1) * p->dw;
     const int npx = rows * cols;
     const int py0 = oy0 * p->sh - p->conv_pt, px0 = ox0 * p->sw - p->conv_pl;
     const uint2* __restrict__ wf = (const uint2*)p->wh;
@@ -504,7 +513,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             unsigned int v[8];
             const int2 at = source[e];
             if (at.x >= 0) {
-                if (GATHER == NN_GATHER_CHANNELS_LAST)
+                if (GATHER == NN_GATHER_CHANNELS_LAST || paired)
                     nn_tc_fetch_nhwc(p, kc, at, v);
                 else
                     nn_tc_fetch(p, kc, at, v);
@@ -573,6 +582,44 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const long long row = (long long)oy * p->y_rs;
     // channels-last fp16 output with an even channel count: a lane's two channels of a pixel
     // are adjacent, one 4-byte store
+    if (paired) {
+        // output q = E[q] (this lane's columns 0-3) + O[q + 1] (columns 4-7 of row q + 1: lane
+        // g + 1's, or for row 8 lane 0's upper half, for row 16 the next m-tile's lane 0)
+        const int src = (((g + 1) & 7) << 2) | (t | 2);
+        float o[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                o[m][k] = __shfl_sync(0xffffffffu, acc[m][0][k], src);
+        const int oc0 = 2 * t;
+        if (t >= 2 || oc0 >= p->cout)
+            return;
+        float bias[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            bias[j] = (p->b && oc0 + j < p->cout) ? ((const float*)p->b)[oc0 + j] : 0.0f;
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int q = m * 16 + g + 8 * r;
+                const int ox = ox0 + q;
+                if (q == 31 || ox >= p->ow) // row 31's O is the next block's
+                    continue;
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    if (oc0 + j >= p->cout)
+                        continue;
+                    const float on = g < 7 ? o[m][2 * r + j] : r == 0 ? o[m][2 + j] : o[1][j];
+                    float v = nn_activate(acc[m][0][2 * r + j] + on + bias[j], p->act, p->act_a, p->act_b);
+                    if (p->y_round)
+                        v = half_bits_to_float(float_to_half_bits(v));
+                    O::store(y, (long long)(oc0 + j) * p->y_cs + row + (long long)ox * p->y_ps, v);
+                }
+            }
+        return;
+    }
     const bool pairs = sizeof(typename O::T) == 2 && p->y_cs == 1 && !p->res && (p->cout & 1) == 0;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
@@ -639,6 +686,8 @@ extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_tp(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_TAP_PACKED>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hf_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CL_PAIRED>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_PAIRED>(p); }
 
 extern "C" __global__ void nn_conv_ff(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF32>(p); }
 extern "C" __global__ void nn_conv_fh(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF16>(p); }

@@ -386,6 +386,9 @@ pub enum MmaGather {
     ChannelsLast,
     /// Several horizontal taps of a few-channel input per K chunk (`tap_pack`).
     TapPacked,
+    /// Channels-last, the horizontal taps paired in N (≤ 4 output channels, `paired_weights`):
+    /// one output channel tile, 31 outputs a warp.
+    ChannelsLastPaired,
 }
 
 /// The kernels a program launches.
@@ -408,7 +411,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 31;
+    pub const COUNT: usize = 33;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -437,6 +440,9 @@ impl Kernel {
             n += 1;
             t += 1;
         }
+        all[n] = Kernel::ConvMma(false, 1, MmaGather::ChannelsLastPaired);
+        all[n + 1] = Kernel::ConvMma(true, 1, MmaGather::ChannelsLastPaired);
+        n += 2;
         let rest = [
             Kernel::Conv(false, false),
             Kernel::Conv(false, true),
@@ -486,6 +492,8 @@ impl Kernel {
             Kernel::ConvMma(_, 2, MmaGather::TapPacked) => "nn_conv_mma_hh_2_tp",
             Kernel::ConvMma(_, 4, MmaGather::TapPacked) => "nn_conv_mma_hh_4_tp",
             Kernel::ConvMma(_, _, MmaGather::TapPacked) => "nn_conv_mma_hh_8_tp",
+            Kernel::ConvMma(false, _, MmaGather::ChannelsLastPaired) => "nn_conv_mma_hf_1_cp",
+            Kernel::ConvMma(true, _, MmaGather::ChannelsLastPaired) => "nn_conv_mma_hh_1_cp",
             Kernel::Moments => "nn_moments",
             Kernel::MomentsGram => "nn_moments_gram",
             Kernel::NormApply => "nn_norm_apply",
@@ -800,6 +808,34 @@ pub fn packed_weights(
                             out[((oc * cin_v + j * slot + c) * kh + ky) * kw_v + g] =
                                 w[((oc * cin + c) * kh + ky) * kw + kx];
                         }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Weights of a convolution of ≤ 4 output channels with its horizontal taps paired in N
+/// (`MmaGather::ChannelsLastPaired`), as those of the virtual one it runs: [8][cin][kh]
+/// [ceil(kw / 2)], virtual output channel c (< 4) of virtual tap g being tap 2g of channel c
+/// (toward the output at the A row's pixel), 4 + c tap 2g + 1 (toward the pixel before it);
+/// zero past kw and cout.
+pub fn paired_weights(w: &[f32], cout: usize, cin: usize, kh: usize, kw: usize) -> Vec<f32> {
+    let kw_v = kw.div_ceil(2);
+    let mut out = vec![0.0; 8 * cin * kh * kw_v];
+    for n in 0..8 {
+        let (oc, odd) = (n % 4, n / 4);
+        if oc >= cout {
+            continue;
+        }
+        for c in 0..cin {
+            for ky in 0..kh {
+                for g in 0..kw_v {
+                    let kx = 2 * g + odd;
+                    if kx < kw {
+                        out[((n * cin + c) * kh + ky) * kw_v + g] =
+                            w[((oc * cin + c) * kh + ky) * kw + kx];
                     }
                 }
             }
@@ -1953,13 +1989,30 @@ pub fn build(
                 } else {
                     1
                 };
+                // a narrow channels-last layer (the output convolution) pairs its taps in N
+                let paired = mma
+                    && pack == 1
+                    && x.channels_last.is_some()
+                    && resize.is_none()
+                    && res.is_none()
+                    && cout <= 4
+                    && kw >= 3
+                    && sw == 1;
                 let cin_pad = if pack > 1 {
                     (tap_slot(cin) * pack).div_ceil(16) * 16
                 } else {
                     cin.div_ceil(16) * 16
                 };
-                let n_tiles = cout.div_ceil(8);
-                let wh = if mma {
+                let n_tiles = if paired { 1 } else { cout.div_ceil(8) };
+                let wh = if paired {
+                    let weights = paired_weights(&wt.data, cout, cin, kh, kw);
+                    st.put(bytemuck::cast_slice(&mma_weights(
+                        &weights,
+                        8,
+                        cin,
+                        kh * kw.div_ceil(2),
+                    )))
+                } else if mma {
                     // a tap-packed convolution runs as one of slot * pack channels and fewer taps
                     let packed;
                     let (weights, k_cin, k_taps) = if pack > 1 {
@@ -2024,8 +2077,11 @@ pub fn build(
                     align: 0,
                 };
                 if mma {
+                    // a paired block row gives TC_COLS - 1 outputs (a warp's last A row only
+                    // feeds the one before it)
+                    let cols = if paired { TC_COLS - 1 } else { TC_COLS };
                     let (gx, gy) = (
-                        (ys[3] as u32).div_ceil(TC_COLS),
+                        (ys[3] as u32).div_ceil(cols),
                         (ys[2] as u32).div_ceil(TC_ROWS),
                     );
                     let nt = tc_channel_tiles(n_tiles as u32, gx * gy);
@@ -2034,6 +2090,8 @@ pub fn build(
                         nt as u8,
                         if pack > 1 {
                             MmaGather::TapPacked
+                        } else if paired {
+                            MmaGather::ChannelsLastPaired
                         } else if x.channels_last.is_some() {
                             MmaGather::ChannelsLast
                         } else {
@@ -2804,6 +2862,48 @@ mod tests {
                     }
                 }
                 assert!((real - virt).abs() < 1e-4, "{oc} {ox}: {real} vs {virt}");
+            }
+        }
+    }
+
+    /// The paired layout computes the convolution: output q as the even taps of A row q
+    /// (columns 0-3) plus the odd taps of A row q + 1 (columns 4-7), for odd and even widths.
+    #[test]
+    fn paired_taps_compute_the_same_convolution() {
+        for (cout, cin, kh, kw) in [(3, 16, 2, 7), (4, 5, 1, 4), (1, 3, 3, 3)] {
+            let width = 14;
+            let value = |i: usize| ((i * 7919 % 101) as f32 - 50.0) / 25.0;
+            let w: Vec<f32> = (0..cout * cin * kh * kw).map(value).collect();
+            let x: Vec<f32> = (0..cin * kh * (width + 1)).map(|i| value(i + 13)).collect();
+            let at = |c: usize, y: usize, xx: usize| x[(c * kh + y) * (width + 1) + xx];
+            let kw_v = kw.div_ceil(2);
+            let wv = paired_weights(&w, cout, cin, kh, kw);
+            assert_eq!(wv.len(), 8 * cin * kh * kw_v);
+            let virt_w =
+                |n: usize, c: usize, ky: usize, g: usize| wv[((n * cin + c) * kh + ky) * kw_v + g];
+            for oc in 0..cout {
+                for q in 0..width - kw {
+                    let (mut real, mut virt) = (0.0f32, 0.0f32);
+                    for ky in 0..kh {
+                        for c in 0..cin {
+                            for kx in 0..kw {
+                                real += w[((oc * cin + c) * kh + ky) * kw + kx] * at(c, ky, q + kx);
+                            }
+                            for g in 0..kw_v {
+                                virt += virt_w(oc, c, ky, g) * at(c, ky, q + 2 * g);
+                                virt += virt_w(4 + oc, c, ky, g) * at(c, ky, q + 1 + 2 * g);
+                            }
+                        }
+                    }
+                    assert!(
+                        (real - virt).abs() < 1e-4,
+                        "{kw} {oc} {q}: {real} vs {virt}"
+                    );
+                }
+            }
+            // the columns past cout carry nothing
+            for n in (cout..4).chain(4 + cout..8) {
+                assert!((0..cin * kh * kw_v).all(|k| wv[n * cin * kh * kw_v + k] == 0.0));
             }
         }
     }
