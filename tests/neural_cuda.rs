@@ -505,6 +505,16 @@ fn tensor_core_chains_store_channels_last() {
                 .iter()
                 .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::TapPacked)))
                 .count();
+            let paired = p
+                .launches
+                .iter()
+                .filter(|l| {
+                    matches!(
+                        l.kernel,
+                        Kernel::ConvMma(_, _, MmaGather::ChannelsLastPaired)
+                    )
+                })
+                .count();
             let cl_values: Vec<(usize, u32)> = p
                 .stage_outputs
                 .iter()
@@ -515,15 +525,25 @@ fn tensor_core_chains_store_channels_last() {
                 })
                 .collect();
             println!(
-                "{} fp{}: {cl_convs} channels-last gathers, {packed} tap-packed, {} channels-last \
-                 stage outputs",
+                "{} fp{}: {cl_convs} channels-last gathers, {packed} tap-packed, {paired} paired, \
+                 {} channels-last stage outputs",
                 model.name(),
                 if half { 16 } else { 32 },
                 cl_values.len()
             );
             if !half {
-                assert_eq!(cl_convs + packed + cl_values.len(), 0);
+                assert_eq!(cl_convs + packed + paired + cl_values.len(), 0);
                 continue;
+            }
+            // the 16 -> 3 output convolution over a channels-last input pairs its taps
+            let name = model.name();
+            if ["tiny_16", "hayao_32"].contains(&name) || name.starts_with("AnimeGANv3_tiny") {
+                assert_eq!(
+                    paired,
+                    1,
+                    "{}: the output convolution not paired",
+                    model.name()
+                );
             }
             assert!(cl_convs > 0, "{}: no channels-last gather", model.name());
             // the 3-channel stem packs its taps (and the generated models' few-channel layers)

@@ -563,6 +563,12 @@ pub fn gram_moments_default() -> bool {
     std::env::var("TOONFLOW_NEURAL_GRAM").map_or(true, |v| v != "0")
 }
 
+/// Paired horizontal taps for narrow channels-last convolutions (`MmaGather::ChannelsLastPaired`)
+/// unless `TOONFLOW_NEURAL_PAIRED=0` (the plain channels-last gather then runs: for comparisons).
+pub fn paired_taps_default() -> bool {
+    std::env::var("TOONFLOW_NEURAL_PAIRED").map_or(true, |v| v != "0")
+}
+
 /// Storage of each stage's outputs: fp16 (`true`) or fp32, and whether convolutions reading
 /// fp16 may use tensor cores (sm_80+).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1997,7 +2003,9 @@ pub fn build(
                     && res.is_none()
                     && cout <= 4
                     && kw >= 3
-                    && sw == 1;
+                    && sw == 1
+                    && dw == 1
+                    && paired_taps_default();
                 let cin_pad = if pack > 1 {
                     (tap_slot(cin) * pack).div_ceil(16) * 16
                 } else {
@@ -2906,6 +2914,56 @@ mod tests {
                 assert!((0..cin * kh * kw_v).all(|k| wv[n * cin * kh * kw_v + k] == 0.0));
             }
         }
+    }
+
+    /// The paired kernel's epilogue as neural.cu writes it, on the m16n8k16 accumulator layout
+    /// (lane g * 4 + t holds rows g and g + 8, columns 2t and 2t + 1 of each m-tile): the
+    /// shuffle from lane ((g + 1) & 7) * 4 + (t | 2) and the choice among its values give every
+    /// output q < 31 and channel c < 4 exactly E[q][c] + O[q + 1][4 + c].
+    #[test]
+    fn the_paired_epilogue_adds_the_next_rows_odd_taps() {
+        // acc[lane][m][k], as the accumulator cell's index (row * 8 + column of the warp's 32 x 8)
+        let acc = |lane: usize, m: usize, k: usize| {
+            let (g, t) = (lane / 4, lane % 4);
+            ((m * 16 + g + 8 * (k / 2)) * 8 + 2 * t + k % 2) as u64
+        };
+        let mut seen = 0;
+        for lane in 0..32 {
+            let (g, t) = (lane / 4, lane % 4);
+            let src = (((g + 1) & 7) << 2) | (t | 2);
+            let o = |m: usize, k: usize| acc(src, m, k);
+            if t >= 2 {
+                continue;
+            }
+            for m in 0..2 {
+                for r in 0..2 {
+                    let q = m * 16 + g + 8 * r;
+                    if q == 31 {
+                        continue;
+                    }
+                    for j in 0..2 {
+                        let e = acc(lane, m, 2 * r + j);
+                        let on = if g < 7 {
+                            o(m, 2 * r + j)
+                        } else if r == 0 {
+                            o(m, 2 + j)
+                        } else {
+                            o(1, j)
+                        };
+                        let c = 2 * t + j;
+                        assert_eq!(e, q as u64 * 8 + c as u64, "lane {lane}: E of output {q}");
+                        assert_eq!(
+                            on,
+                            (q as u64 + 1) * 8 + 4 + c as u64,
+                            "lane {lane}: O for output {q} channel {c}"
+                        );
+                        seen += 1;
+                    }
+                }
+            }
+        }
+        // 31 outputs x 4 channels (distinct (lane, m, r, j) give distinct (q, c))
+        assert_eq!(seen, 31 * 4);
     }
 
     #[test]
