@@ -89,6 +89,42 @@ __device__ __forceinline__ float nn_activate(float x, int act, float a, float b)
     }
 }
 
+// nn_activate over n values, the activation chosen once (the per-value switch of a tensor-core
+// epilogue cost more instructions than the products).
+template <int N>
+__device__ __forceinline__ void nn_activate_n(float* v, int act, float a, float b)
+{
+    switch (act) {
+    case NN_ACT_RELU:
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            v[i] = nn_activate(v[i], NN_ACT_RELU, a, b);
+        break;
+    case NN_ACT_LEAKY:
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            v[i] = nn_activate(v[i], NN_ACT_LEAKY, a, b);
+        break;
+    case NN_ACT_SIGMOID:
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            v[i] = nn_activate(v[i], NN_ACT_SIGMOID, a, b);
+        break;
+    case NN_ACT_TANH:
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            v[i] = nn_activate(v[i], NN_ACT_TANH, a, b);
+        break;
+    case NN_ACT_CLIP:
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            v[i] = nn_activate(v[i], NN_ACT_CLIP, a, b);
+        break;
+    default:
+        break;
+    }
+}
+
 // The source index along an axis of length n for padded coordinate i (already shifted by the
 // begin pad): -1 for the Pad's constant fill. mode: 0 constant, 1 reflect, 2 edge.
 __device__ __forceinline__ int nn_pad_index(int i, int n, int mode)
@@ -283,6 +319,25 @@ __device__ __forceinline__ int2 nn_tc_source(const NnConv* __restrict__ p, int p
     return (iy >= 0 && ix >= 0) ? make_int2(iy, ix) : make_int2(-2, 0);
 }
 
+// One axis of nn_tc_source: the source index of padded-input coordinate i (the convolution's
+// padded extent n_conv, the Pad's begin pad and the input's extent n), -1 outside n_conv (the
+// convolution's zero padding), -2 for the Pad's constant fill.
+__device__ __forceinline__ int nn_tc_axis_source(int i, int n_conv, int pad, int n, int mode)
+{
+    if (i < 0 || i >= n_conv)
+        return -1;
+    const int s = nn_pad_index(i - pad, n, mode);
+    return s >= 0 ? s : -2;
+}
+
+// A tile pixel's table entry (as nn_tc_source) from its row's and its column's axis sources.
+__device__ __forceinline__ int2 nn_tc_combine(int iy, int ix)
+{
+    if (iy == -1 || ix == -1)
+        return make_int2(-1, 0);
+    return (iy < 0 || ix < 0) ? make_int2(-2, 0) : make_int2(iy, ix);
+}
+
 // Eight fp16 values (one 16-byte load) as floats.
 __device__ __forceinline__ void nn_unpack8(uint4 q, float f[8])
 {
@@ -453,6 +508,12 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // (toward output p - 1), so output q = E[q] + O[q + 1] from half the A fragments. A warp's 32
 // A rows then give 31 outputs (NN_TC_COLS - 1 a block row).
 #define NN_GATHER_CL_PAIRED 3
+// Channels-last, a 3x3 convolution of stride 1 and dilation 1 (most of these networks' layers):
+// the tile's shape is known at compile time, the tap loop unrolls with every shared-memory offset
+// an immediate, and a chunk's B fragments for the block's channel tiles are staged in shared
+// memory once (after the source table) instead of each warp reading them through 64-bit
+// address arithmetic a tap.
+#define NN_GATHER_CL_3X3 4
 
 // Registers per thread: the one- and two-tile variants (the full-resolution 16-channel layers,
 // latency-bound on their gathers) are held to 64 so that eight blocks share a multiprocessor.
@@ -466,6 +527,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const bool paired = GATHER == NN_GATHER_CL_PAIRED;
+    constexpr bool k3 = GATHER == NN_GATHER_CL_3X3;
     const int oy0 = p->row0 + blockIdx.y * NN_TC_ROWS;
     const int ox0 = blockIdx.x * (paired ? NN_TC_COLS - 1 : NN_TC_COLS);
     const int nt0 = blockIdx.z * NT;
@@ -476,9 +538,9 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // pack - 1 taps further right than the tile
     // paired: kw_v virtual taps two real ones apart; the table is the tile
     const int pack = GATHER == NN_GATHER_TAP_PACKED ? p->pack : paired ? 2 : 1;
-    const int kw_v = (p->kw + pack - 1) / pack, dw_v = p->dw * pack;
-    const int rows = (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
-    const int cols = (NN_TC_COLS - 1) * p->sw + (kw_v - 1) * dw_v + 1;
+    const int kw_v = k3 ? 3 : (p->kw + pack - 1) / pack, dw_v = k3 ? 1 : p->dw * pack;
+    const int rows = k3 ? NN_TC_ROWS + 2 : (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
+    const int cols = k3 ? NN_TC_COLS + 2 : (NN_TC_COLS - 1) * p->sw + (kw_v - 1) * dw_v + 1;
     const int scols = paired ? cols : cols + (pack - 1) * p->dw;
     const int npx = rows * cols;
     const int py0 = oy0 * p->sh - p->conv_pt, px0 = ox0 * p->sw - p->conv_pl;
@@ -486,7 +548,13 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const unsigned short fill_bits = float_to_half_bits(p->pad_value);
     // the pixel table (rows x scols) sits after the tile (npx * 48 bytes, a multiple of 16)
     int2* source = (int2*)(tile + npx * NN_TC_PIX);
-    for (int e = threadIdx.x; e < rows * scols; e += blockDim.x) {
+    // 3x3: a tile pixel's source is its row's and its column's (nn_tc_axis_source), so the
+    // table holds rows + cols entries, not rows x cols
+    int* axis_source = (int*)source;
+    for (int e = threadIdx.x; k3 && e < rows + cols; e += blockDim.x)
+        axis_source[e] = e < rows ? nn_tc_axis_source(py0 + e, p->hp, p->pad_t, p->h, p->pad_mode)
+                                  : nn_tc_axis_source(px0 + e - rows, p->wp, p->pad_l, p->w_in, p->pad_mode);
+    for (int e = threadIdx.x; !k3 && e < rows * scols; e += blockDim.x) {
         const int r = e / scols;
         source[e] = nn_tc_source(p, py0 + r, px0 + (e - r * scols));
     }
@@ -500,7 +568,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // byte steps between taps and m-tiles
     const unsigned int lane_addr =
         nn_smem_addr(tile) +
-        (unsigned int)(((warp * p->sh * cols + (lane & 15) * p->sw) * NN_TC_PIX + (lane >> 4) * 8) * 2);
+        (unsigned int)(((warp * (k3 ? 1 : p->sh) * cols + (lane & 15) * (k3 ? 1 : p->sw)) * NN_TC_PIX + (lane >> 4) * 8) * 2);
     const unsigned int m_step = 16 * p->sw * NN_TC_PIX * 2;
     const unsigned int kx_step = dw_v * NN_TC_PIX * 2;
     const unsigned int ky_step = p->dh * cols * NN_TC_PIX * 2;
@@ -511,9 +579,9 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             nn_tc_gather_packed(p, source, tile, rows, cols, scols, fill_bits);
         for (int e = threadIdx.x; GATHER != NN_GATHER_TAP_PACKED && e < npx; e += blockDim.x) {
             unsigned int v[8];
-            const int2 at = source[e];
+            const int2 at = k3 ? nn_tc_combine(axis_source[e / cols], axis_source[rows + e % cols]) : source[e];
             if (at.x >= 0) {
-                if (GATHER == NN_GATHER_CHANNELS_LAST || paired)
+                if (GATHER == NN_GATHER_CHANNELS_LAST || paired || k3)
                     nn_tc_fetch_nhwc(p, kc, at, v);
                 else
                     nn_tc_fetch(p, kc, at, v);
@@ -530,7 +598,44 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
             dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
         }
+        if (k3) {
+            // this chunk's B fragments of the block's channel tiles, [tap][n][lane]: per tap
+            // one contiguous run of NT x 256 bytes (the weights are 256-byte aligned), copied
+            // 16 bytes a thread
+            uint4* staged_b = (uint4*)(source + rows * scols);
+            for (int i = threadIdx.x; i < 9 * NT * 16; i += blockDim.x) {
+                const int tap = i / (NT * 16), w = i % (NT * 16);
+                const uint4* run = (const uint4*)(wf + ((long long)(tap * chunks + kc) * p->n_tiles + nt0) * 32);
+                staged_b[i] = w < ntn * 16 ? __ldg(run + w) : make_uint4(0, 0, 0, 0);
+            }
+        }
         __syncthreads();
+        if (k3) {
+            const uint2* staged_b = (const uint2*)(source + rows * scols) + lane;
+#pragma unroll
+            for (int tap = 0; tap < 9; tap++) {
+                const unsigned int addr = lane_addr + ((tap / 3) * cols + tap % 3) * NN_TC_PIX * 2;
+                unsigned int a[2][4];
+#pragma unroll
+                for (int m = 0; m < 2; m++)
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                                 : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3])
+                                 : "r"(addr + m * 16 * NN_TC_PIX * 2));
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    const uint2 b = staged_b[(tap * NT + n) * 32];
+#pragma unroll
+                    for (int m = 0; m < 2; m++)
+                        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                            : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]),
+                              "+f"(acc[m][n][3])
+                            : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b.x),
+                              "r"(b.y));
+                }
+            }
+            continue;
+        }
         // the taps in one flat loop, the next tap's B fragments loaded while this tap's
         // A fragments and products are in flight (the loop is latency-bound)
         const uint2* wt = wf + ((long long)kc * p->n_tiles + nt0) * 32 + lane;
@@ -576,6 +681,14 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         }
     }
     typename O::T* __restrict__ y = (typename O::T*)p->y;
+    // the epilogue's parameters, read once (stores through y would otherwise make the
+    // compiler read them again for every value)
+    const int cout = p->cout, ow = p->ow, act = p->act, y_round = p->y_round;
+    const float act_a = p->act_a, act_b = p->act_b;
+    const long long y_cs = p->y_cs, y_ps = p->y_ps;
+    const float* __restrict__ bias_of = (const float*)p->b;
+    const unsigned long long res = p->res;
+    const int res_half = p->res_half;
     const int oy = oy0 + warp;
     if (oy >= p->oh)
         return;
@@ -593,71 +706,88 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             for (int k = 0; k < 4; k++)
                 o[m][k] = __shfl_sync(0xffffffffu, acc[m][0][k], src);
         const int oc0 = 2 * t;
-        if (t >= 2 || oc0 >= p->cout)
+        if (t >= 2 || oc0 >= cout)
             return;
         float bias[2];
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            bias[j] = (p->b && oc0 + j < p->cout) ? ((const float*)p->b)[oc0 + j] : 0.0f;
+            bias[j] = (bias_of && oc0 + j < cout) ? bias_of[oc0 + j] : 0.0f;
+        float vals[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int r = k >> 1, j = k & 1;
+                const float on = g < 7 ? o[m][k] : r == 0 ? o[m][2 + j] : o[1][j];
+                vals[m][k] = acc[m][0][k] + on + bias[j];
+            }
+        nn_activate_n<8>(&vals[0][0], act, act_a, act_b);
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int q = m * 16 + g + 8 * r;
                 const int ox = ox0 + q;
-                if (q == 31 || ox >= p->ow) // row 31's O is the next block's
+                if (q == 31 || ox >= ow) // row 31's O is the next block's
                     continue;
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    if (oc0 + j >= p->cout)
+                    if (oc0 + j >= cout)
                         continue;
-                    const float on = g < 7 ? o[m][2 * r + j] : r == 0 ? o[m][2 + j] : o[1][j];
-                    float v = nn_activate(acc[m][0][2 * r + j] + on + bias[j], p->act, p->act_a, p->act_b);
-                    if (p->y_round)
+                    float v = vals[m][2 * r + j];
+                    if (y_round)
                         v = half_bits_to_float(float_to_half_bits(v));
-                    O::store(y, (long long)(oc0 + j) * p->y_cs + row + (long long)ox * p->y_ps, v);
+                    O::store(y, (long long)(oc0 + j) * y_cs + row + (long long)ox * y_ps, v);
                 }
             }
         return;
     }
-    const bool pairs = sizeof(typename O::T) == 2 && p->y_cs == 1 && !p->res && (p->cout & 1) == 0;
+    const bool pairs = sizeof(typename O::T) == 2 && y_cs == 1 && !res && (cout & 1) == 0;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
         if (n >= ntn)
             continue;
         const int oc0 = (nt0 + n) * 8 + 2 * t;
-        if (oc0 >= p->cout)
+        if (oc0 >= cout)
             continue;
         float bias[2];
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            bias[j] = (p->b && oc0 + j < p->cout) ? ((const float*)p->b)[oc0 + j] : 0.0f;
+            bias[j] = (bias_of && oc0 + j < cout) ? bias_of[oc0 + j] : 0.0f;
+        // this tile's eight values, activated under one switch
+        float vals[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                vals[m][k] = acc[m][n][k] + bias[k & 1];
+        nn_activate_n<8>(&vals[0][0], act, act_a, act_b);
 #pragma unroll
         for (int m = 0; m < 2; m++) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int ox = ox0 + m * 16 + g + 8 * r;
-                if (ox >= p->ow)
+                if (ox >= ow)
                     continue;
                 float v[2];
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    v[j] = nn_activate(acc[m][n][2 * r + j] + bias[j], p->act, p->act_a, p->act_b);
-                    if (p->y_round) // a folded output Transpose or Add after an fp16-stored stage
+                    v[j] = vals[m][2 * r + j];
+                    if (y_round) // a folded output Transpose or Add after an fp16-stored stage
                         v[j] = half_bits_to_float(float_to_half_bits(v[j]));
                 }
-                const long long at0 = (long long)oc0 * p->y_cs + row + (long long)ox * p->y_ps;
+                const long long at0 = (long long)oc0 * y_cs + row + (long long)ox * y_ps;
                 if (pairs) {
                     *(unsigned int*)(y + at0) = nn_pack2(float_to_half_bits(v[0]), float_to_half_bits(v[1]));
                     continue;
                 }
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    if (oc0 + j >= p->cout)
+                    if (oc0 + j >= cout)
                         continue;
-                    const long long at = at0 + (long long)j * p->y_cs;
+                    const long long at = at0 + (long long)j * y_cs;
                     // a folded residual Add: this thread alone reads and writes `at`
-                    const float sum = p->res ? v[j] + nn_load(p->res, at, p->res_half) : v[j];
+                    const float sum = res ? v[j] + nn_load(res, at, res_half) : v[j];
                     O::store(y, at, sum);
                 }
             }
@@ -686,6 +816,10 @@ extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_tp(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_TAP_PACKED>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hf_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CL_PAIRED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_PAIRED>(p); }
 

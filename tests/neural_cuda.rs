@@ -498,7 +498,17 @@ fn tensor_core_chains_store_channels_last() {
             let cl_convs = p
                 .launches
                 .iter()
-                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::ChannelsLast)))
+                .filter(|l| {
+                    matches!(
+                        l.kernel,
+                        Kernel::ConvMma(_, _, MmaGather::ChannelsLast | MmaGather::ChannelsLast3x3)
+                    )
+                })
+                .count();
+            let compiled_3x3 = p
+                .launches
+                .iter()
+                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3)))
                 .count();
             let packed = p
                 .launches
@@ -525,8 +535,8 @@ fn tensor_core_chains_store_channels_last() {
                 })
                 .collect();
             println!(
-                "{} fp{}: {cl_convs} channels-last gathers, {packed} tap-packed, {paired} paired, \
-                 {} channels-last stage outputs",
+                "{} fp{}: {cl_convs} channels-last gathers ({compiled_3x3} 3x3 with the shape \
+                 compiled in), {packed} tap-packed, {paired} paired, {} channels-last stage outputs",
                 model.name(),
                 if half { 16 } else { 32 },
                 cl_values.len()
@@ -544,6 +554,8 @@ fn tensor_core_chains_store_channels_last() {
                     "{}: the output convolution not paired",
                     model.name()
                 );
+                // their 3x3 stride-1 layers over channels-last inputs take the compiled shape
+                assert!(compiled_3x3 > 0, "{}: no compiled 3x3", model.name());
             }
             assert!(cl_convs > 0, "{}: no channels-last gather", model.name());
             // the 3-channel stem packs its taps (and the generated models' few-channel layers)

@@ -389,6 +389,10 @@ pub enum MmaGather {
     /// Channels-last, the horizontal taps paired in N (≤ 4 output channels, `paired_weights`):
     /// one output channel tile, 31 outputs a warp.
     ChannelsLastPaired,
+    /// Channels-last, a 3x3 convolution of stride 1 and dilation 1 with fp16 output: the tile's
+    /// shape compiled in, the tap loop unrolled, a chunk's B fragments staged in shared memory
+    /// (`b_stage_bytes`).
+    ChannelsLast3x3,
 }
 
 /// The kernels a program launches.
@@ -411,7 +415,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 33;
+    pub const COUNT: usize = 37;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -437,6 +441,12 @@ impl Kernel {
         let mut t = 0;
         while t < TILES.len() {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked);
+            n += 1;
+            t += 1;
+        }
+        let mut t = 0;
+        while t < TILES.len() {
+            all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::ChannelsLast3x3);
             n += 1;
             t += 1;
         }
@@ -492,6 +502,10 @@ impl Kernel {
             Kernel::ConvMma(_, 2, MmaGather::TapPacked) => "nn_conv_mma_hh_2_tp",
             Kernel::ConvMma(_, 4, MmaGather::TapPacked) => "nn_conv_mma_hh_4_tp",
             Kernel::ConvMma(_, _, MmaGather::TapPacked) => "nn_conv_mma_hh_8_tp",
+            Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_1_c3",
+            Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_2_c3",
+            Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
             Kernel::ConvMma(false, _, MmaGather::ChannelsLastPaired) => "nn_conv_mma_hf_1_cp",
             Kernel::ConvMma(true, _, MmaGather::ChannelsLastPaired) => "nn_conv_mma_hh_1_cp",
             Kernel::Moments => "nn_moments",
@@ -567,6 +581,12 @@ pub fn gram_moments_default() -> bool {
 /// unless `TOONFLOW_NEURAL_PAIRED=0` (the plain channels-last gather then runs: for comparisons).
 pub fn paired_taps_default() -> bool {
     std::env::var("TOONFLOW_NEURAL_PAIRED").map_or(true, |v| v != "0")
+}
+
+/// The compiled-shape 3x3 kernels (`MmaGather::ChannelsLast3x3`) unless
+/// `TOONFLOW_NEURAL_3X3=0` (the general channels-last kernels then run: for comparisons).
+pub fn compiled_3x3_default() -> bool {
+    std::env::var("TOONFLOW_NEURAL_3X3").map_or(true, |v| v != "0")
 }
 
 /// Storage of each stage's outputs: fp16 (`true`) or fp32, and whether convolutions reading
@@ -768,6 +788,12 @@ fn tc_shared_bytes(
         0
     };
     (rows * cols * TC_PIX * 2 + rows * table_cols * 8 + staged) as u32
+}
+
+/// Shared memory a `MmaGather::ChannelsLast3x3` block stages its chunk's B fragments in: nine
+/// taps x `nt` channel tiles x 32 lanes x 4 halves (after the source table, 8-byte aligned).
+pub fn b_stage_bytes(nt: u8) -> u32 {
+    9 * nt as u32 * 32 * 8
 }
 
 /// Horizontal taps a tensor-core convolution packs into one 16-wide K chunk: with few input
@@ -2100,6 +2126,12 @@ pub fn build(
                             MmaGather::TapPacked
                         } else if paired {
                             MmaGather::ChannelsLastPaired
+                        } else if x.channels_last.is_some()
+                            && y.half
+                            && (kh, kw, sh, sw, dh, dw) == (3, 3, 1, 1, 1, 1)
+                            && compiled_3x3_default()
+                        {
+                            MmaGather::ChannelsLast3x3
                         } else if x.channels_last.is_some() {
                             MmaGather::ChannelsLast
                         } else {
@@ -2593,15 +2625,20 @@ pub fn build(
     for (kernel, bytes, grid, block, stage) in blocks {
         let params = st.put(&bytes);
         let shared = match kernel {
-            Kernel::ConvMma(..) => {
+            Kernel::ConvMma(_, nt, gather) => {
                 let p: NnConv = bytemuck::pod_read_unaligned(&bytes);
+                let b_stage = if gather == MmaGather::ChannelsLast3x3 {
+                    b_stage_bytes(nt)
+                } else {
+                    0
+                };
                 tc_shared_bytes(
                     (p.kh as usize, p.kw as usize),
                     (p.sh as i64, p.sw as i64),
                     (p.dh as i64, p.dw as i64),
                     p.pack as usize,
                     p.cin as usize,
-                )
+                ) + b_stage
             }
             _ => 0,
         };
@@ -3147,6 +3184,10 @@ mod tests {
             tc_shared_bytes((7, 7), (1, 1), (1, 1), 4, 3),
             (10 * 36 * 48 + 10 * 39 * 8 + 390 * 8) as u32
         );
+        // a compiled 3x3 block also stages a chunk's B fragments: 9 taps x 8 tiles x 256 bytes
+        // at most, within 48 KiB with its tile and table
+        assert_eq!(b_stage_bytes(2), 9 * 2 * 32 * 8);
+        assert!(tc_shared_bytes((3, 3), (1, 1), (1, 1), 1, 16) + b_stage_bytes(8) <= 48 * 1024);
         // the largest tile that takes the tensor cores still fits 48 KiB without opt-in
         const { assert!(TC_TILE_HALVES * 2 + TC_TILE_HALVES / TC_PIX * 8 <= 48 * 1024) };
     }
