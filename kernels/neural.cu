@@ -681,6 +681,9 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         }
     }
     typename O::T* __restrict__ y = (typename O::T*)p->y;
+    const int oy = oy0 + warp;
+    if (oy >= p->oh)
+        return;
     // the epilogue's parameters, read once (stores through y would otherwise make the
     // compiler read them again for every value)
     const int cout = p->cout, ow = p->ow, act = p->act, y_round = p->y_round;
@@ -689,9 +692,6 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const float* __restrict__ bias_of = (const float*)p->b;
     const unsigned long long res = p->res;
     const int res_half = p->res_half;
-    const int oy = oy0 + warp;
-    if (oy >= p->oh)
-        return;
     const long long row = (long long)oy * p->y_rs;
     // channels-last fp16 output with an even channel count: a lane's two channels of a pixel
     // are adjacent, one 4-byte store
@@ -754,14 +754,16 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 #pragma unroll
         for (int j = 0; j < 2; j++)
             bias[j] = (bias_of && oc0 + j < cout) ? bias_of[oc0 + j] : 0.0f;
-        // this tile's eight values, activated under one switch
+        // this tile's eight values, activated under one switch (one and two tiles: with more,
+        // the compiler keeps every tile's values live at once, 115 -> 145 registers)
         float vals[2][4];
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
             for (int k = 0; k < 4; k++)
                 vals[m][k] = acc[m][n][k] + bias[k & 1];
-        nn_activate_n<8>(&vals[0][0], act, act_a, act_b);
+        if (NT <= 2)
+            nn_activate_n<8>(&vals[0][0], act, act_a, act_b);
 #pragma unroll
         for (int m = 0; m < 2; m++) {
 #pragma unroll
@@ -772,7 +774,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                 float v[2];
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    v[j] = vals[m][2 * r + j];
+                    v[j] = NT <= 2 ? vals[m][2 * r + j] : nn_activate(vals[m][2 * r + j], act, act_a, act_b);
                     if (y_round) // a folded output Transpose or Add after an fp16-stored stage
                         v[j] = half_bits_to_float(float_to_half_bits(v[j]));
                 }
