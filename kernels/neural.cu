@@ -441,15 +441,18 @@ __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc
 // bytes), then each tile pixel assembles its chunk from pack staged words: two 16-byte stores
 // a tile pixel, no scattered 2-byte ones.
 __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p, const int2* source,
-                                                    unsigned short* tile, int rows, int cols,
-                                                    int scols, unsigned short fill_bits)
+                                                    const int* axis_source, unsigned short* tile,
+                                                    int rows, int cols, int scols,
+                                                    unsigned short fill_bits)
 {
     const int cin = p->cin, pack = p->pack;
     const bool wide = cin > 4; // slots of 8 halves, else 4
     // the staging after the table, 16-byte aligned
     unsigned short* staged = (unsigned short*)(source + ((rows * scols + 1) & ~1));
     for (int se = threadIdx.x; se < rows * scols; se += blockDim.x) {
-        const int2 at = source[se];
+        // a fixed shape's separable table (nn_tc_axis_source), else the full one
+        const int2 at = axis_source ? nn_tc_combine(axis_source[se / scols], axis_source[rows + se % scols])
+                                    : source[se];
         const long long off = (long long)at.x * p->x_rs + (long long)at.y * p->x_ps;
         unsigned short h[8];
 #pragma unroll
@@ -502,8 +505,8 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 #define NN_GATHER_PLANAR 0
 #define NN_GATHER_CHANNELS_LAST 1
 #define NN_GATHER_TAP_PACKED 2
-// Channels-last, with the horizontal taps paired in N (a layer of at most 4 output channels,
-// e.g. the 16 -> 3 output convolution): virtual tap g of row ky multiplies the pixel at
+// Channels-last, with the horizontal taps paired in N (a 7x7 layer of stride 1 and at most 4
+// output channels, e.g. the 16 -> 3 output convolution; NnFixedShape below): virtual tap g of row ky multiplies the pixel at
 // p + 2g by w[ky][2g] in columns 0-3 (toward output p) and by w[ky][2g + 1] in columns 4-7
 // (toward output p - 1), so output q = E[q] + O[q + 1] from half the A fragments. A warp's 32
 // A rows then give 31 outputs (NN_TC_COLS - 1 a block row).
@@ -514,6 +517,32 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // memory once (after the source table) instead of each warp reading them through 64-bit
 // address arithmetic a tap.
 #define NN_GATHER_CL_3X3 4
+// Tap-packed, a 7x7 convolution of stride 1 and dilation 1 over at most 4 channels (the stem):
+// 4 taps a virtual tap in slots of 4 halves, so 2 virtual taps a row, 4 pixels apart; the shape
+// compiled in as for NN_GATHER_CL_3X3.
+#define NN_GATHER_TP_7X7 5
+
+// The shape a kernel has compiled in (the host launches it only for that shape): kernel rows,
+// virtual taps a row, their spacing in pixels, taps packed a virtual tap; kh 0: read from p.
+// A fixed-shape block stages its chunk's B fragments in shared memory before the tile, reads
+// them with immediate offsets from an unrolled tap loop, and builds a separable source table.
+template <int GATHER>
+struct NnFixedShape {
+    static constexpr int kh = 0, kw_v = 0, dw_v = 0, pack = 0;
+};
+template <>
+struct NnFixedShape<NN_GATHER_CL_3X3> {
+    static constexpr int kh = 3, kw_v = 3, dw_v = 1, pack = 1;
+};
+// the paired output convolution is 7x7: 4 virtual taps a row, 2 pixels apart
+template <>
+struct NnFixedShape<NN_GATHER_CL_PAIRED> {
+    static constexpr int kh = 7, kw_v = 4, dw_v = 2, pack = 1;
+};
+template <>
+struct NnFixedShape<NN_GATHER_TP_7X7> {
+    static constexpr int kh = 7, kw_v = 2, dw_v = 4, pack = 4;
+};
 
 // Registers per thread: the one- and two-tile variants (the full-resolution 16-channel layers,
 // latency-bound on their gathers) are held to 64 so that eight blocks share a multiprocessor.
@@ -523,11 +552,16 @@ template <typename O, int NT, int GATHER>
 __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 {
 #if __CUDA_ARCH__ >= 800
-    extern __shared__ __align__(16) unsigned short tile[];
+    typedef NnFixedShape<GATHER> F;
+    constexpr bool fixed = F::kh > 0;
+    constexpr bool packed = GATHER == NN_GATHER_TAP_PACKED || GATHER == NN_GATHER_TP_7X7;
+    // fixed shape: [tap][n][lane] B fragments (256 bytes a tap and tile), then the tile
+    constexpr int b_halves = fixed ? F::kh * F::kw_v * NT * 128 : 0;
+    extern __shared__ __align__(16) unsigned short smem[];
+    unsigned short* tile = smem + b_halves;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const bool paired = GATHER == NN_GATHER_CL_PAIRED;
-    constexpr bool k3 = GATHER == NN_GATHER_CL_3X3;
     const int oy0 = p->row0 + blockIdx.y * NN_TC_ROWS;
     const int ox0 = blockIdx.x * (paired ? NN_TC_COLS - 1 : NN_TC_COLS);
     const int nt0 = blockIdx.z * NT;
@@ -537,24 +571,25 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // tap-packed: kw_v virtual taps of `pack` real ones each, dw_v apart; the table reaches
     // pack - 1 taps further right than the tile
     // paired: kw_v virtual taps two real ones apart; the table is the tile
-    const int pack = GATHER == NN_GATHER_TAP_PACKED ? p->pack : paired ? 2 : 1;
-    const int kw_v = k3 ? 3 : (p->kw + pack - 1) / pack, dw_v = k3 ? 1 : p->dw * pack;
-    const int rows = k3 ? NN_TC_ROWS + 2 : (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
-    const int cols = k3 ? NN_TC_COLS + 2 : (NN_TC_COLS - 1) * p->sw + (kw_v - 1) * dw_v + 1;
-    const int scols = paired ? cols : cols + (pack - 1) * p->dw;
+    const int pack = fixed ? F::pack : GATHER == NN_GATHER_TAP_PACKED ? p->pack : paired ? 2 : 1;
+    const int kw_v = fixed ? F::kw_v : (p->kw + pack - 1) / pack;
+    const int dw_v = fixed ? F::dw_v : p->dw * pack;
+    const int rows = fixed ? NN_TC_ROWS + F::kh - 1 : (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
+    const int cols = fixed ? NN_TC_COLS + (F::kw_v - 1) * F::dw_v : (NN_TC_COLS - 1) * p->sw + (kw_v - 1) * dw_v + 1;
+    const int scols = paired ? cols : cols + (pack - 1) * (fixed ? 1 : p->dw);
     const int npx = rows * cols;
     const int py0 = oy0 * p->sh - p->conv_pt, px0 = ox0 * p->sw - p->conv_pl;
     const uint2* __restrict__ wf = (const uint2*)p->wh;
     const unsigned short fill_bits = float_to_half_bits(p->pad_value);
     // the pixel table (rows x scols) sits after the tile (npx * 48 bytes, a multiple of 16)
     int2* source = (int2*)(tile + npx * NN_TC_PIX);
-    // 3x3: a tile pixel's source is its row's and its column's (nn_tc_axis_source), so the
-    // table holds rows + cols entries, not rows x cols
+    // fixed shape: a tile pixel's source is its row's and its column's (nn_tc_axis_source), so
+    // the table holds rows + scols entries, not rows x scols
     int* axis_source = (int*)source;
-    for (int e = threadIdx.x; k3 && e < rows + cols; e += blockDim.x)
+    for (int e = threadIdx.x; fixed && e < rows + scols; e += blockDim.x)
         axis_source[e] = e < rows ? nn_tc_axis_source(py0 + e, p->hp, p->pad_t, p->h, p->pad_mode)
                                   : nn_tc_axis_source(px0 + e - rows, p->wp, p->pad_l, p->w_in, p->pad_mode);
-    for (int e = threadIdx.x; !k3 && e < rows * scols; e += blockDim.x) {
+    for (int e = threadIdx.x; !fixed && e < rows * scols; e += blockDim.x) {
         const int r = e / scols;
         source[e] = nn_tc_source(p, py0 + r, px0 + (e - r * scols));
     }
@@ -568,20 +603,20 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // byte steps between taps and m-tiles
     const unsigned int lane_addr =
         nn_smem_addr(tile) +
-        (unsigned int)(((warp * (k3 ? 1 : p->sh) * cols + (lane & 15) * (k3 ? 1 : p->sw)) * NN_TC_PIX + (lane >> 4) * 8) * 2);
+        (unsigned int)(((warp * (fixed ? 1 : p->sh) * cols + (lane & 15) * (fixed ? 1 : p->sw)) * NN_TC_PIX + (lane >> 4) * 8) * 2);
     const unsigned int m_step = 16 * p->sw * NN_TC_PIX * 2;
     const unsigned int kx_step = dw_v * NN_TC_PIX * 2;
     const unsigned int ky_step = p->dh * cols * NN_TC_PIX * 2;
     const long long tap_step = (long long)chunks * p->n_tiles * 32;
     for (int kc = 0; kc < chunks; kc++) {
         __syncthreads(); // the previous chunk's reads (and the table's writes) are done
-        if (GATHER == NN_GATHER_TAP_PACKED)
-            nn_tc_gather_packed(p, source, tile, rows, cols, scols, fill_bits);
-        for (int e = threadIdx.x; GATHER != NN_GATHER_TAP_PACKED && e < npx; e += blockDim.x) {
+        if (packed)
+            nn_tc_gather_packed(p, source, fixed ? axis_source : nullptr, tile, rows, cols, scols, fill_bits);
+        for (int e = threadIdx.x; !packed && e < npx; e += blockDim.x) {
             unsigned int v[8];
-            const int2 at = k3 ? nn_tc_combine(axis_source[e / cols], axis_source[rows + e % cols]) : source[e];
+            const int2 at = fixed ? nn_tc_combine(axis_source[e / cols], axis_source[rows + e % cols]) : source[e];
             if (at.x >= 0) {
-                if (GATHER == NN_GATHER_CHANNELS_LAST || paired || k3)
+                if (GATHER == NN_GATHER_CHANNELS_LAST || paired || GATHER == NN_GATHER_CL_3X3)
                     nn_tc_fetch_nhwc(p, kc, at, v);
                 else
                     nn_tc_fetch(p, kc, at, v);
@@ -598,23 +633,23 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
             dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
         }
-        if (k3) {
+        if (fixed) {
             // this chunk's B fragments of the block's channel tiles, [tap][n][lane]: per tap
             // one contiguous run of NT x 256 bytes (the weights are 256-byte aligned), copied
             // 16 bytes a thread
-            uint4* staged_b = (uint4*)(source + rows * scols);
-            for (int i = threadIdx.x; i < 9 * NT * 16; i += blockDim.x) {
+            uint4* staged_b = (uint4*)smem;
+            for (int i = threadIdx.x; i < F::kh * F::kw_v * NT * 16; i += blockDim.x) {
                 const int tap = i / (NT * 16), w = i % (NT * 16);
                 const uint4* run = (const uint4*)(wf + ((long long)(tap * chunks + kc) * p->n_tiles + nt0) * 32);
                 staged_b[i] = w < ntn * 16 ? __ldg(run + w) : make_uint4(0, 0, 0, 0);
             }
         }
         __syncthreads();
-        if (k3) {
-            const uint2* staged_b = (const uint2*)(source + rows * scols) + lane;
+        if (fixed) {
+            const uint2* staged_b = (const uint2*)smem + lane;
 #pragma unroll
-            for (int tap = 0; tap < 9; tap++) {
-                const unsigned int addr = lane_addr + ((tap / 3) * cols + tap % 3) * NN_TC_PIX * 2;
+            for (int tap = 0; tap < F::kh * F::kw_v; tap++) {
+                const unsigned int addr = lane_addr + ((tap / F::kw_v) * cols + (tap % F::kw_v) * F::dw_v) * NN_TC_PIX * 2;
                 unsigned int a[2][4];
 #pragma unroll
                 for (int m = 0; m < 2; m++)
@@ -822,6 +857,9 @@ extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TP_7X7>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TP_7X7>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TP_7X7>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hf_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CL_PAIRED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_PAIRED>(p); }
 

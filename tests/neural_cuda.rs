@@ -513,7 +513,17 @@ fn tensor_core_chains_store_channels_last() {
             let packed = p
                 .launches
                 .iter()
-                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::TapPacked)))
+                .filter(|l| {
+                    matches!(
+                        l.kernel,
+                        Kernel::ConvMma(_, _, MmaGather::TapPacked | MmaGather::TapPacked7x7)
+                    )
+                })
+                .count();
+            let stem_7x7 = p
+                .launches
+                .iter()
+                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::TapPacked7x7)))
                 .count();
             let paired = p
                 .launches
@@ -536,7 +546,7 @@ fn tensor_core_chains_store_channels_last() {
                 .collect();
             println!(
                 "{} fp{}: {cl_convs} channels-last gathers ({compiled_3x3} 3x3 with the shape \
-                 compiled in), {packed} tap-packed, {paired} paired, {} channels-last stage outputs",
+                 compiled in), {packed} tap-packed ({stem_7x7} 7x7 compiled), {paired} paired, {} channels-last stage outputs",
                 model.name(),
                 if half { 16 } else { 32 },
                 cl_values.len()
@@ -556,6 +566,8 @@ fn tensor_core_chains_store_channels_last() {
                 );
                 // their 3x3 stride-1 layers over channels-last inputs take the compiled shape
                 assert!(compiled_3x3 > 0, "{}: no compiled 3x3", model.name());
+                // and their 7x7 stem over 3 channels the compiled packed shape
+                assert_eq!(stem_7x7, 1, "{}: the stem not compiled", model.name());
             }
             assert!(cl_convs > 0, "{}: no channels-last gather", model.name());
             // the 3-channel stem packs its taps (and the generated models' few-channel layers)

@@ -386,13 +386,30 @@ pub enum MmaGather {
     ChannelsLast,
     /// Several horizontal taps of a few-channel input per K chunk (`tap_pack`).
     TapPacked,
-    /// Channels-last, the horizontal taps paired in N (≤ 4 output channels, `paired_weights`):
-    /// one output channel tile, 31 outputs a warp.
+    /// Channels-last, the horizontal taps paired in N (a 7x7 stride-1 layer of ≤ 4 output
+    /// channels, `paired_weights`): one output channel tile, 31 outputs a warp; the shape
+    /// compiled in as `ChannelsLast3x3`'s.
     ChannelsLastPaired,
     /// Channels-last, a 3x3 convolution of stride 1 and dilation 1 with fp16 output: the tile's
     /// shape compiled in, the tap loop unrolled, a chunk's B fragments staged in shared memory
-    /// (`b_stage_bytes`).
+    /// (`b_stage_bytes`), a separable source table.
     ChannelsLast3x3,
+    /// Tap-packed as `TapPacked`, a 7x7 convolution of stride 1 and dilation 1 over at most 4
+    /// channels (the stem: 4 taps a virtual tap), its shape compiled in as `ChannelsLast3x3`'s.
+    TapPacked7x7,
+}
+
+impl MmaGather {
+    /// The taps a fixed-shape kernel unrolls and stages B fragments for (0: the shape is read
+    /// from the parameter block).
+    pub const fn fixed_taps(self) -> u32 {
+        match self {
+            MmaGather::ChannelsLast3x3 => 9,
+            MmaGather::TapPacked7x7 => 7 * 2,
+            MmaGather::ChannelsLastPaired => 7 * 4,
+            _ => 0,
+        }
+    }
 }
 
 /// The kernels a program launches.
@@ -415,7 +432,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 37;
+    pub const COUNT: usize = 40;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -447,6 +464,12 @@ impl Kernel {
         let mut t = 0;
         while t < TILES.len() {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::ChannelsLast3x3);
+            n += 1;
+            t += 1;
+        }
+        let mut t = 0;
+        while t < 3 {
+            all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked7x7);
             n += 1;
             t += 1;
         }
@@ -506,6 +529,9 @@ impl Kernel {
             Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_2_c3",
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
+            Kernel::ConvMma(_, 1, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_1_t7",
+            Kernel::ConvMma(_, 2, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_2_t7",
+            Kernel::ConvMma(_, _, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_4_t7",
             Kernel::ConvMma(false, _, MmaGather::ChannelsLastPaired) => "nn_conv_mma_hf_1_cp",
             Kernel::ConvMma(true, _, MmaGather::ChannelsLastPaired) => "nn_conv_mma_hh_1_cp",
             Kernel::Moments => "nn_moments",
@@ -583,8 +609,8 @@ pub fn paired_taps_default() -> bool {
     std::env::var("TOONFLOW_NEURAL_PAIRED").map_or(true, |v| v != "0")
 }
 
-/// The compiled-shape 3x3 kernels (`MmaGather::ChannelsLast3x3`) unless
-/// `TOONFLOW_NEURAL_3X3=0` (the general channels-last kernels then run: for comparisons).
+/// The compiled-shape kernels (`MmaGather::ChannelsLast3x3`, `MmaGather::TapPacked7x7`) unless
+/// `TOONFLOW_NEURAL_3X3=0` (the general kernels then run: for comparisons).
 pub fn compiled_3x3_default() -> bool {
     std::env::var("TOONFLOW_NEURAL_3X3").map_or(true, |v| v != "0")
 }
@@ -790,10 +816,10 @@ fn tc_shared_bytes(
     (rows * cols * TC_PIX * 2 + rows * table_cols * 8 + staged) as u32
 }
 
-/// Shared memory a `MmaGather::ChannelsLast3x3` block stages its chunk's B fragments in: nine
-/// taps x `nt` channel tiles x 32 lanes x 4 halves (after the source table, 8-byte aligned).
-pub fn b_stage_bytes(nt: u8) -> u32 {
-    9 * nt as u32 * 32 * 8
+/// Shared memory a fixed-shape block (`MmaGather::fixed_taps`) stages its chunk's B fragments
+/// in, before its tile: taps x `nt` channel tiles x 32 lanes x 4 halves.
+pub fn b_stage_bytes(taps: u32, nt: u8) -> u32 {
+    taps * nt as u32 * 32 * 8
 }
 
 /// Horizontal taps a tensor-core convolution packs into one 16-wide K chunk: with few input
@@ -2028,9 +2054,7 @@ pub fn build(
                     && resize.is_none()
                     && res.is_none()
                     && cout <= 4
-                    && kw >= 3
-                    && sw == 1
-                    && dw == 1
+                    && (kh, kw, sh, sw, dh, dw) == (7, 7, 1, 1, 1, 1)
                     && paired_taps_default();
                 let cin_pad = if pack > 1 {
                     (tap_slot(cin) * pack).div_ceil(16) * 16
@@ -2122,7 +2146,14 @@ pub fn build(
                     let kernel = Kernel::ConvMma(
                         y.half,
                         nt as u8,
-                        if pack > 1 {
+                        if pack == 4
+                            && tap_slot(cin) == 4
+                            && n_tiles <= 4
+                            && (kh, kw, sh, sw, dh, dw) == (7, 7, 1, 1, 1, 1)
+                            && compiled_3x3_default()
+                        {
+                            MmaGather::TapPacked7x7
+                        } else if pack > 1 {
                             MmaGather::TapPacked
                         } else if paired {
                             MmaGather::ChannelsLastPaired
@@ -2627,11 +2658,7 @@ pub fn build(
         let shared = match kernel {
             Kernel::ConvMma(_, nt, gather) => {
                 let p: NnConv = bytemuck::pod_read_unaligned(&bytes);
-                let b_stage = if gather == MmaGather::ChannelsLast3x3 {
-                    b_stage_bytes(nt)
-                } else {
-                    0
-                };
+                let b_stage = b_stage_bytes(gather.fixed_taps(), nt);
                 tc_shared_bytes(
                     (p.kh as usize, p.kw as usize),
                     (p.sh as i64, p.sw as i64),
@@ -3186,8 +3213,10 @@ mod tests {
         );
         // a compiled 3x3 block also stages a chunk's B fragments: 9 taps x 8 tiles x 256 bytes
         // at most, within 48 KiB with its tile and table
-        assert_eq!(b_stage_bytes(2), 9 * 2 * 32 * 8);
-        assert!(tc_shared_bytes((3, 3), (1, 1), (1, 1), 1, 16) + b_stage_bytes(8) <= 48 * 1024);
+        assert_eq!(b_stage_bytes(9, 2), 9 * 2 * 32 * 8);
+        assert!(tc_shared_bytes((3, 3), (1, 1), (1, 1), 1, 16) + b_stage_bytes(9, 8) <= 48 * 1024);
+        // the packed 7x7 stem: 14 virtual taps, at most 4 tiles
+        assert!(tc_shared_bytes((7, 7), (1, 1), (1, 1), 4, 3) + b_stage_bytes(14, 4) <= 48 * 1024);
         // the largest tile that takes the tensor cores still fits 48 KiB without opt-in
         const { assert!(TC_TILE_HALVES * 2 + TC_TILE_HALVES / TC_PIX * 8 <= 48 * 1024) };
     }
