@@ -521,27 +521,35 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // 4 taps a virtual tap in slots of 4 halves, so 2 virtual taps a row, 4 pixels apart; the shape
 // compiled in as for NN_GATHER_CL_3X3.
 #define NN_GATHER_TP_7X7 5
+// Channels-last, a 3x3 convolution of stride 2 and dilation 1 (the downsampling layers), fixed
+// as NN_GATHER_CL_3X3.
+#define NN_GATHER_CL_3X3_S2 6
 
 // The shape a kernel has compiled in (the host launches it only for that shape): kernel rows,
-// virtual taps a row, their spacing in pixels, taps packed a virtual tap; kh 0: read from p.
+// virtual taps a row, their spacing in pixels, taps packed a virtual tap, the stride (both
+// axes); kh 0: read from p.
 // A fixed-shape block stages its chunk's B fragments in shared memory before the tile, reads
 // them with immediate offsets from an unrolled tap loop, and builds a separable source table.
 template <int GATHER>
 struct NnFixedShape {
-    static constexpr int kh = 0, kw_v = 0, dw_v = 0, pack = 0;
+    static constexpr int kh = 0, kw_v = 0, dw_v = 0, pack = 0, s = 0;
 };
 template <>
 struct NnFixedShape<NN_GATHER_CL_3X3> {
-    static constexpr int kh = 3, kw_v = 3, dw_v = 1, pack = 1;
+    static constexpr int kh = 3, kw_v = 3, dw_v = 1, pack = 1, s = 1;
+};
+template <>
+struct NnFixedShape<NN_GATHER_CL_3X3_S2> {
+    static constexpr int kh = 3, kw_v = 3, dw_v = 1, pack = 1, s = 2;
 };
 // the paired output convolution is 7x7: 4 virtual taps a row, 2 pixels apart
 template <>
 struct NnFixedShape<NN_GATHER_CL_PAIRED> {
-    static constexpr int kh = 7, kw_v = 4, dw_v = 2, pack = 1;
+    static constexpr int kh = 7, kw_v = 4, dw_v = 2, pack = 1, s = 1;
 };
 template <>
 struct NnFixedShape<NN_GATHER_TP_7X7> {
-    static constexpr int kh = 7, kw_v = 2, dw_v = 4, pack = 4;
+    static constexpr int kh = 7, kw_v = 2, dw_v = 4, pack = 4, s = 1;
 };
 
 // Registers per thread: the one- and two-tile variants (the full-resolution 16-channel layers,
@@ -574,8 +582,9 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const int pack = fixed ? F::pack : GATHER == NN_GATHER_TAP_PACKED ? p->pack : paired ? 2 : 1;
     const int kw_v = fixed ? F::kw_v : (p->kw + pack - 1) / pack;
     const int dw_v = fixed ? F::dw_v : p->dw * pack;
-    const int rows = fixed ? NN_TC_ROWS + F::kh - 1 : (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
-    const int cols = fixed ? NN_TC_COLS + (F::kw_v - 1) * F::dw_v : (NN_TC_COLS - 1) * p->sw + (kw_v - 1) * dw_v + 1;
+    const int rows = fixed ? (NN_TC_ROWS - 1) * F::s + F::kh : (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
+    const int cols = fixed ? (NN_TC_COLS - 1) * F::s + (F::kw_v - 1) * F::dw_v + 1
+                           : (NN_TC_COLS - 1) * p->sw + (kw_v - 1) * dw_v + 1;
     const int scols = paired ? cols : cols + (pack - 1) * (fixed ? 1 : p->dw);
     const int npx = rows * cols;
     const int py0 = oy0 * p->sh - p->conv_pt, px0 = ox0 * p->sw - p->conv_pl;
@@ -603,7 +612,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // byte steps between taps and m-tiles
     const unsigned int lane_addr =
         nn_smem_addr(tile) +
-        (unsigned int)(((warp * (fixed ? 1 : p->sh) * cols + (lane & 15) * (fixed ? 1 : p->sw)) * NN_TC_PIX + (lane >> 4) * 8) * 2);
+        (unsigned int)(((warp * (fixed ? F::s : p->sh) * cols + (lane & 15) * (fixed ? F::s : p->sw)) * NN_TC_PIX + (lane >> 4) * 8) * 2);
     const unsigned int m_step = 16 * p->sw * NN_TC_PIX * 2;
     const unsigned int kx_step = dw_v * NN_TC_PIX * 2;
     const unsigned int ky_step = p->dh * cols * NN_TC_PIX * 2;
@@ -616,7 +625,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             unsigned int v[8];
             const int2 at = fixed ? nn_tc_combine(axis_source[e / cols], axis_source[rows + e % cols]) : source[e];
             if (at.x >= 0) {
-                if (GATHER == NN_GATHER_CHANNELS_LAST || paired || GATHER == NN_GATHER_CL_3X3)
+                if (GATHER == NN_GATHER_CHANNELS_LAST || paired || GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_3X3_S2)
                     nn_tc_fetch_nhwc(p, kc, at, v);
                 else
                     nn_tc_fetch(p, kc, at, v);
@@ -655,7 +664,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                 for (int m = 0; m < 2; m++)
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                                  : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3])
-                                 : "r"(addr + m * 16 * NN_TC_PIX * 2));
+                                 : "r"(addr + m * 16 * F::s * NN_TC_PIX * 2));
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
                     const uint2 b = staged_b[(tap * NT + n) * 32];
@@ -857,6 +866,9 @@ extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3_S2>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_S2>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3_S2>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TP_7X7>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TP_7X7>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TP_7X7>(p); }

@@ -501,14 +501,29 @@ fn tensor_core_chains_store_channels_last() {
                 .filter(|l| {
                     matches!(
                         l.kernel,
-                        Kernel::ConvMma(_, _, MmaGather::ChannelsLast | MmaGather::ChannelsLast3x3)
+                        Kernel::ConvMma(
+                            _,
+                            _,
+                            MmaGather::ChannelsLast
+                                | MmaGather::ChannelsLast3x3
+                                | MmaGather::ChannelsLast3x3S2
+                        )
                     )
                 })
                 .count();
             let compiled_3x3 = p
                 .launches
                 .iter()
-                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3)))
+                .filter(|l| {
+                    matches!(
+                        l.kernel,
+                        Kernel::ConvMma(
+                            _,
+                            _,
+                            MmaGather::ChannelsLast3x3 | MmaGather::ChannelsLast3x3S2
+                        )
+                    )
+                })
                 .count();
             let packed = p
                 .launches
@@ -546,7 +561,7 @@ fn tensor_core_chains_store_channels_last() {
                 .collect();
             println!(
                 "{} fp{}: {cl_convs} channels-last gathers ({compiled_3x3} 3x3 with the shape \
-                 compiled in), {packed} tap-packed ({stem_7x7} 7x7 compiled), {paired} paired, {} channels-last stage outputs",
+                 compiled in, stride 1 or 2), {packed} tap-packed ({stem_7x7} 7x7 compiled), {paired} paired, {} channels-last stage outputs",
                 model.name(),
                 if half { 16 } else { 32 },
                 cl_values.len()

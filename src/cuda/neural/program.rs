@@ -394,6 +394,9 @@ pub enum MmaGather {
     /// shape compiled in, the tap loop unrolled, a chunk's B fragments staged in shared memory
     /// (`b_stage_bytes`), a separable source table.
     ChannelsLast3x3,
+    /// As `ChannelsLast3x3` for stride 2 (at most 4 channel tiles a block: with 8 its tile,
+    /// table and B fragments would pass 48 KiB).
+    ChannelsLast3x3S2,
     /// Tap-packed as `TapPacked`, a 7x7 convolution of stride 1 and dilation 1 over at most 4
     /// channels (the stem: 4 taps a virtual tap), its shape compiled in as `ChannelsLast3x3`'s.
     TapPacked7x7,
@@ -404,7 +407,7 @@ impl MmaGather {
     /// from the parameter block).
     pub const fn fixed_taps(self) -> u32 {
         match self {
-            MmaGather::ChannelsLast3x3 => 9,
+            MmaGather::ChannelsLast3x3 | MmaGather::ChannelsLast3x3S2 => 9,
             MmaGather::TapPacked7x7 => 7 * 2,
             MmaGather::ChannelsLastPaired => 7 * 4,
             _ => 0,
@@ -432,7 +435,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 40;
+    pub const COUNT: usize = 43;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -464,6 +467,12 @@ impl Kernel {
         let mut t = 0;
         while t < TILES.len() {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::ChannelsLast3x3);
+            n += 1;
+            t += 1;
+        }
+        let mut t = 0;
+        while t < 3 {
+            all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::ChannelsLast3x3S2);
             n += 1;
             t += 1;
         }
@@ -529,6 +538,9 @@ impl Kernel {
             Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_2_c3",
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
+            Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_1_c3s2",
+            Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_2_c3s2",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_4_c3s2",
             Kernel::ConvMma(_, 1, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_1_t7",
             Kernel::ConvMma(_, 2, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_2_t7",
             Kernel::ConvMma(_, _, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_4_t7",
@@ -2163,6 +2175,13 @@ pub fn build(
                             && compiled_3x3_default()
                         {
                             MmaGather::ChannelsLast3x3
+                        } else if x.channels_last.is_some()
+                            && y.half
+                            && (kh, kw, sh, sw, dh, dw) == (3, 3, 2, 2, 1, 1)
+                            && nt <= 4
+                            && compiled_3x3_default()
+                        {
+                            MmaGather::ChannelsLast3x3S2
                         } else if x.channels_last.is_some() {
                             MmaGather::ChannelsLast
                         } else {
@@ -3215,6 +3234,9 @@ mod tests {
         // at most, within 48 KiB with its tile and table
         assert_eq!(b_stage_bytes(9, 2), 9 * 2 * 32 * 8);
         assert!(tc_shared_bytes((3, 3), (1, 1), (1, 1), 1, 16) + b_stage_bytes(9, 8) <= 48 * 1024);
+        // stride 2: 9 rows x 65 columns, at most 4 tiles
+        assert!(tc_shared_bytes((3, 3), (2, 2), (1, 1), 1, 16) + b_stage_bytes(9, 4) <= 48 * 1024);
+        assert!(tc_shared_bytes((3, 3), (2, 2), (1, 1), 1, 16) + b_stage_bytes(9, 8) > 48 * 1024);
         // the packed 7x7 stem: 14 virtual taps, at most 4 tiles
         assert!(tc_shared_bytes((7, 7), (1, 1), (1, 1), 4, 3) + b_stage_bytes(14, 4) <= 48 * 1024);
         // the largest tile that takes the tensor cores still fits 48 KiB without opt-in
