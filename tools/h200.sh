@@ -4,7 +4,7 @@
 #                                       GStreamer runtime, frei0r's cartoon filter)
 #   there:  source .gpu/env.sh && tools/h200.sh <step...>
 #           steps: parity fast-parity report fast-report element faults soak bench real overlap
-#                  neural-bench neural-speed peer stats sanitize
+#                  neural-bench neural-speed neural-ab peer stats sanitize
 # Writes logs under $OUT when set.
 set -uo pipefail
 if [ "${1:-}" = "--pack" ]; then
@@ -75,6 +75,19 @@ for step in "$@"; do
             # tiny when TOONFLOW_ANIMEGAN_DIR holds it, and hayao_class; 720p/1080p/4K
             for t in .gpu/tests/neural_cuda-*; do TOONFLOW_NEURAL_BENCH=1 "$t" --nocapture --test-threads=1 speed 2>&1 |
                 tee -a "$out/neural-speed.txt" | grep -E "ms/frame|panicked" || rc=1; done ;;
+        neural-ab) # the kernel switches off and on, side by side, three rounds (ABAB...): the
+            # compiled shapes (TOONFLOW_NEURAL_3X3) and the paired output convolution
+            # (TOONFLOW_NEURAL_PAIRED); TOONFLOW_NEURAL_AB picks the model and size
+            for t in .gpu/tests/neural_cuda-*; do
+                for round in 1 2 3; do
+                    for sw in "TOONFLOW_NEURAL_3X3=0 TOONFLOW_NEURAL_PAIRED=0" "TOONFLOW_NEURAL_3X3=0" "TOONFLOW_NEURAL_PAIRED=0" "TOONFLOW_NEURAL_AB_ALL=1"; do
+                        printf '%s round %s: ' "$sw" "$round"
+                        env $sw TOONFLOW_NEURAL_BENCH=${TOONFLOW_NEURAL_AB:-tiny_Cute:1080p} "$t" --nocapture \
+                            --test-threads=1 speed 2>&1 | grep -E "ms/frame|panicked" | tr '\n' ' '
+                        echo
+                    done
+                done | tee -a "$out/neural-ab.txt"
+            done ;;
         stats) gst-launch-1.0 -m videotestsrc num-buffers=300 ! video/x-raw,format=NV12,width=1920,height=1080 ! \
                    toonflow stats-interval=100 ! fakesink 2>&1 | grep -E "toonflow-stats" | tail -2 ;;
     esac
