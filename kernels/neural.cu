@@ -352,8 +352,11 @@ __device__ __forceinline__ void nn_unpack8(uint4 q, float f[8])
 // Channels-last fp16 input (the producer was a tensor-core convolution; the host makes a value
 // channels-last only with a multiple of 16 channels): a chunk of 16 channels of one pixel is
 // 32 contiguous, aligned bytes, two 16-byte loads (direct) or two per tap (a folded Resize).
+// A folded Resize's taps for the pixel come from its row's (ty) and column's (tx) entries of the
+// tap tables (4 ints each, as nn_taps reads them): global memory, or a fixed shape's copy in
+// shared memory.
 __device__ __forceinline__ void nn_tc_fetch_nhwc(const NnConv* __restrict__ p, int kc, int2 at,
-                                                 unsigned int v[8])
+                                                 unsigned int v[8], const int* ty, const int* tx)
 {
     const unsigned short* __restrict__ x = (const unsigned short*)p->x + kc * 16;
     if (!p->rs_taps) {
@@ -364,8 +367,7 @@ __device__ __forceinline__ void nn_tc_fetch_nhwc(const NnConv* __restrict__ p, i
         return;
     }
     // the tap tables hold element offsets of a plane of rs_w; here they are pixel offsets
-    const NnBilinear tp = nn_taps((const int*)p->rs_taps + 4 * at.x,
-                                  (const int*)p->rs_taps + 4 * (p->h + at.y), p->rs_w);
+    const NnBilinear tp = nn_taps(ty, tx, p->rs_w);
     const long long ps = p->x_ps;
 #pragma unroll
     for (int half8 = 0; half8 < 2; half8++) {
@@ -594,10 +596,18 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     int2* source = (int2*)(tile + npx * NN_TC_PIX);
     // fixed shape: a tile pixel's source is its row's and its column's (nn_tc_axis_source), so
     // the table holds rows + scols entries, not rows x scols
+    // and, with a folded Resize, each entry's 4 ints of the tap tables after them (16-byte
+    // aligned), so that a tile pixel reads its taps from shared memory
     int* axis_source = (int*)source;
-    for (int e = threadIdx.x; fixed && e < rows + scols; e += blockDim.x)
-        axis_source[e] = e < rows ? nn_tc_axis_source(py0 + e, p->hp, p->pad_t, p->h, p->pad_mode)
-                                  : nn_tc_axis_source(px0 + e - rows, p->wp, p->pad_l, p->w_in, p->pad_mode);
+    int4* axis_taps = (int4*)source + (rows + scols + 3) / 4;
+    const int* rs_taps = (const int*)p->rs_taps;
+    for (int e = threadIdx.x; fixed && e < rows + scols; e += blockDim.x) {
+        const int a = e < rows ? nn_tc_axis_source(py0 + e, p->hp, p->pad_t, p->h, p->pad_mode)
+                               : nn_tc_axis_source(px0 + e - rows, p->wp, p->pad_l, p->w_in, p->pad_mode);
+        axis_source[e] = a;
+        if (rs_taps && a >= 0)
+            axis_taps[e] = *(const int4*)(rs_taps + 4 * (e < rows ? a : p->h + a));
+    }
     for (int e = threadIdx.x; !fixed && e < rows * scols; e += blockDim.x) {
         const int r = e / scols;
         source[e] = nn_tc_source(p, py0 + r, px0 + (e - r * scols));
@@ -623,10 +633,13 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             nn_tc_gather_packed(p, source, fixed ? axis_source : nullptr, tile, rows, cols, scols, fill_bits);
         for (int e = threadIdx.x; !packed && e < npx; e += blockDim.x) {
             unsigned int v[8];
-            const int2 at = fixed ? nn_tc_combine(axis_source[e / cols], axis_source[rows + e % cols]) : source[e];
+            const int r = fixed ? e / cols : 0, c = fixed ? e % cols : 0;
+            const int2 at = fixed ? nn_tc_combine(axis_source[r], axis_source[rows + c]) : source[e];
             if (at.x >= 0) {
-                if (GATHER == NN_GATHER_CHANNELS_LAST || paired || GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_3X3_S2)
-                    nn_tc_fetch_nhwc(p, kc, at, v);
+                if (fixed)
+                    nn_tc_fetch_nhwc(p, kc, at, v, (const int*)(axis_taps + r), (const int*)(axis_taps + rows + c));
+                else if (GATHER == NN_GATHER_CHANNELS_LAST)
+                    nn_tc_fetch_nhwc(p, kc, at, v, rs_taps + 4 * at.x, rs_taps + 4 * (p->h + at.y));
                 else
                     nn_tc_fetch(p, kc, at, v);
             } else {
