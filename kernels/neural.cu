@@ -352,11 +352,11 @@ __device__ __forceinline__ void nn_unpack8(uint4 q, float f[8])
 // Channels-last fp16 input (the producer was a tensor-core convolution; the host makes a value
 // channels-last only with a multiple of 16 channels): a chunk of 16 channels of one pixel is
 // 32 contiguous, aligned bytes, two 16-byte loads (direct) or two per tap (a folded Resize).
-// A folded Resize's taps for the pixel come from its row's (ty) and column's (tx) entries of the
-// tap tables (4 ints each, as nn_taps reads them): global memory, or a fixed shape's copy in
-// shared memory.
+// A folded Resize's taps for the pixel are its row's (ty) and column's (tx) entries of the tap
+// tables (4 ints each, as nn_taps reads them), loaded by the caller as one 16-byte value each
+// (from global memory, or a fixed shape's copy in shared memory).
 __device__ __forceinline__ void nn_tc_fetch_nhwc(const NnConv* __restrict__ p, int kc, int2 at,
-                                                 unsigned int v[8], const int* ty, const int* tx)
+                                                 unsigned int v[8], int4 ty, int4 tx)
 {
     const unsigned short* __restrict__ x = (const unsigned short*)p->x + kc * 16;
     if (!p->rs_taps) {
@@ -367,7 +367,8 @@ __device__ __forceinline__ void nn_tc_fetch_nhwc(const NnConv* __restrict__ p, i
         return;
     }
     // the tap tables hold element offsets of a plane of rs_w; here they are pixel offsets
-    const NnBilinear tp = nn_taps(ty, tx, p->rs_w);
+    const int tyv[4] = {ty.x, ty.y, ty.z, ty.w}, txv[4] = {tx.x, tx.y, tx.z, tx.w};
+    const NnBilinear tp = nn_taps(tyv, txv, p->rs_w);
     const long long ps = p->x_ps;
 #pragma unroll
     for (int half8 = 0; half8 < 2; half8++) {
@@ -636,10 +637,13 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             const int r = fixed ? e / cols : 0, c = fixed ? e % cols : 0;
             const int2 at = fixed ? nn_tc_combine(axis_source[r], axis_source[rows + c]) : source[e];
             if (at.x >= 0) {
-                if (fixed)
-                    nn_tc_fetch_nhwc(p, kc, at, v, (const int*)(axis_taps + r), (const int*)(axis_taps + rows + c));
-                else if (GATHER == NN_GATHER_CHANNELS_LAST)
-                    nn_tc_fetch_nhwc(p, kc, at, v, rs_taps + 4 * at.x, rs_taps + 4 * (p->h + at.y));
+                int4 ty = make_int4(0, 0, 0, 0), tx = ty;
+                if (rs_taps) {
+                    ty = fixed ? axis_taps[r] : __ldg((const int4*)rs_taps + at.x);
+                    tx = fixed ? axis_taps[rows + c] : __ldg((const int4*)rs_taps + p->h + at.y);
+                }
+                if (fixed || GATHER == NN_GATHER_CHANNELS_LAST)
+                    nn_tc_fetch_nhwc(p, kc, at, v, ty, tx);
                 else
                     nn_tc_fetch(p, kc, at, v);
             } else {

@@ -488,7 +488,9 @@ fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
 /// statistics kernels read both layouts); none in fp32. The 3-channel 7x7 stem packs its horizontal taps into K chunks.
 #[test]
 fn tensor_core_chains_store_channels_last() {
-    use gsttoonflow::cuda::neural::program::{Kernel, MmaGather, build};
+    use gsttoonflow::cuda::neural::program::{
+        Kernel, MmaGather, build, conv_shared_bytes, fixed_shape_matches,
+    };
     let mut models: Vec<NeuralModel> = generated().into_iter().map(|m| m.0).collect();
     models.extend(real_tiny());
     for model in &models {
@@ -550,6 +552,16 @@ fn tensor_core_chains_store_channels_last() {
                     )
                 })
                 .count();
+            // a fixed-shape kernel runs only the shape it compiles in, with the shared memory
+            // it touches
+            for l in &p.launches {
+                if let Kernel::ConvMma(_, nt, gather) = l.kernel {
+                    let c: gsttoonflow::cuda::neural::program::NnConv = params(&p, l);
+                    assert!(fixed_shape_matches(gather, &c, nt), "{:?}", l.kernel);
+                    assert_eq!(l.shared, conv_shared_bytes(gather, nt, &c));
+                    assert!(l.shared <= 48 * 1024, "{:?}: {} bytes", l.kernel, l.shared);
+                }
+            }
             let cl_values: Vec<(usize, u32)> = p
                 .stage_outputs
                 .iter()

@@ -828,6 +828,42 @@ fn tc_shared_bytes(
     (rows * cols * TC_PIX * 2 + rows * table_cols * 8 + staged) as u32
 }
 
+/// Dynamic shared memory of a tensor-core convolution launch: the tile and its source table
+/// (`tc_shared_bytes`), and for a fixed shape its B fragments; a fixed shape that is not
+/// tap-packed keeps a separable table instead (rows + columns entries of 4 bytes, then as many
+/// 16-byte Resize tap copies), which lets more blocks share a multiprocessor.
+pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
+    let (k, stride, dil) = (
+        (p.kh as usize, p.kw as usize),
+        (p.sh as i64, p.sw as i64),
+        (p.dh as i64, p.dw as i64),
+    );
+    let taps = gather.fixed_taps();
+    let full = tc_shared_bytes(k, stride, dil, p.pack as usize, p.cin as usize);
+    if taps == 0 || gather == MmaGather::TapPacked7x7 {
+        // the packed gather stages its pixels after the full table
+        return full + b_stage_bytes(taps, nt);
+    }
+    // the paired layout's tile is that of kw / 2 taps two pixels apart: the same columns
+    let (rows, cols) = tc_tile(k, stride, dil);
+    let entries = rows + cols;
+    let axis = 16 * (entries.div_ceil(4) + entries);
+    (rows * cols * TC_PIX * 2 + axis) as u32 + b_stage_bytes(taps, nt)
+}
+
+/// Whether a launch's parameters have the shape its fixed-shape kernel compiles in (always true
+/// for the general kernels): kernel/stride/dilation/pack as `NnFixedShape` in neural.cu.
+pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
+    let shape = (p.kh, p.kw, p.sh, p.sw, p.dh, p.dw, p.pack);
+    match gather {
+        MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1),
+        MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 4,
+        MmaGather::TapPacked7x7 => shape == (7, 7, 1, 1, 1, 1, 4) && p.cin <= 4 && nt <= 4,
+        MmaGather::ChannelsLastPaired => shape == (7, 7, 1, 1, 1, 1, 1) && p.n_tiles == 1,
+        _ => true,
+    }
+}
+
 /// Shared memory a fixed-shape block (`MmaGather::fixed_taps`) stages its chunk's B fragments
 /// in, before its tile: taps x `nt` channel tiles x 32 lanes x 4 halves.
 pub fn b_stage_bytes(taps: u32, nt: u8) -> u32 {
@@ -2677,14 +2713,11 @@ pub fn build(
         let shared = match kernel {
             Kernel::ConvMma(_, nt, gather) => {
                 let p: NnConv = bytemuck::pod_read_unaligned(&bytes);
-                let b_stage = b_stage_bytes(gather.fixed_taps(), nt);
-                tc_shared_bytes(
-                    (p.kh as usize, p.kw as usize),
-                    (p.sh as i64, p.sw as i64),
-                    (p.dh as i64, p.dw as i64),
-                    p.pack as usize,
-                    p.cin as usize,
-                ) + b_stage
+                debug_assert!(
+                    fixed_shape_matches(gather, &p, nt),
+                    "{kernel:?} launched for a shape it does not compile in"
+                );
+                conv_shared_bytes(gather, nt, &p)
             }
             _ => 0,
         };
@@ -3237,6 +3270,32 @@ mod tests {
         // stride 2: 9 rows x 65 columns, at most 4 tiles
         assert!(tc_shared_bytes((3, 3), (2, 2), (1, 1), 1, 16) + b_stage_bytes(9, 4) <= 48 * 1024);
         assert!(tc_shared_bytes((3, 3), (2, 2), (1, 1), 1, 16) + b_stage_bytes(9, 8) > 48 * 1024);
+        // fixed shapes that are not tap-packed keep the separable table: the 16-channel 3x3
+        // with 2 tiles 6 x 34 x 48 + (10 + 40) x 16 + 9 x 2 x 256 bytes; the paired 7x7 output
+        // convolution 10 x 38 x 48 + (12 + 48) x 16 + 28 x 256, so that eight blocks (its
+        // 64-register bound) fit a multiprocessor's 228 KiB with their 1 KiB reserve each
+        let conv = |k: i32, s: i32, pack: i32, cin: i32| NnConv {
+            kh: k,
+            kw: k,
+            sh: s,
+            sw: s,
+            dh: 1,
+            dw: 1,
+            pack,
+            cin,
+            n_tiles: 1,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        let c3 = conv_shared_bytes(MmaGather::ChannelsLast3x3, 2, &conv(3, 1, 1, 16));
+        assert_eq!(c3, 6 * 34 * 48 + (10 + 40) * 16 + 9 * 2 * 256);
+        let cp = conv_shared_bytes(MmaGather::ChannelsLastPaired, 1, &conv(7, 1, 1, 16));
+        assert_eq!(cp, 10 * 38 * 48 + (12 + 48) * 16 + 28 * 256);
+        assert!(8 * (cp + 1024) <= 228 * 1024);
+        // the general kernels: tile and full table
+        assert_eq!(
+            conv_shared_bytes(MmaGather::ChannelsLast, 2, &conv(3, 1, 1, 16)),
+            tc_shared_bytes((3, 3), (1, 1), (1, 1), 1, 16)
+        );
         // the packed 7x7 stem: 14 virtual taps, at most 4 tiles
         assert!(tc_shared_bytes((7, 7), (1, 1), (1, 1), 4, 3) + b_stage_bytes(14, 4) <= 48 * 1024);
         // the largest tile that takes the tensor cores still fits 48 KiB without opt-in
