@@ -91,37 +91,24 @@ __device__ __forceinline__ float nn_activate(float x, int act, float a, float b)
 
 // nn_activate over n values, the activation chosen once (the per-value switch of a tensor-core
 // epilogue cost more instructions than the products).
+template <int ACT, int N>
+__device__ __forceinline__ void nn_activate_all(float* v, float a, float b)
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        v[i] = nn_activate(v[i], ACT, a, b);
+}
+
 template <int N>
 __device__ __forceinline__ void nn_activate_n(float* v, int act, float a, float b)
 {
     switch (act) {
-    case NN_ACT_RELU:
-#pragma unroll
-        for (int i = 0; i < N; i++)
-            v[i] = nn_activate(v[i], NN_ACT_RELU, a, b);
-        break;
-    case NN_ACT_LEAKY:
-#pragma unroll
-        for (int i = 0; i < N; i++)
-            v[i] = nn_activate(v[i], NN_ACT_LEAKY, a, b);
-        break;
-    case NN_ACT_SIGMOID:
-#pragma unroll
-        for (int i = 0; i < N; i++)
-            v[i] = nn_activate(v[i], NN_ACT_SIGMOID, a, b);
-        break;
-    case NN_ACT_TANH:
-#pragma unroll
-        for (int i = 0; i < N; i++)
-            v[i] = nn_activate(v[i], NN_ACT_TANH, a, b);
-        break;
-    case NN_ACT_CLIP:
-#pragma unroll
-        for (int i = 0; i < N; i++)
-            v[i] = nn_activate(v[i], NN_ACT_CLIP, a, b);
-        break;
-    default:
-        break;
+    case NN_ACT_RELU: nn_activate_all<NN_ACT_RELU, N>(v, a, b); break;
+    case NN_ACT_LEAKY: nn_activate_all<NN_ACT_LEAKY, N>(v, a, b); break;
+    case NN_ACT_SIGMOID: nn_activate_all<NN_ACT_SIGMOID, N>(v, a, b); break;
+    case NN_ACT_TANH: nn_activate_all<NN_ACT_TANH, N>(v, a, b); break;
+    case NN_ACT_CLIP: nn_activate_all<NN_ACT_CLIP, N>(v, a, b); break;
+    default: break;
     }
 }
 
