@@ -89,6 +89,12 @@ __device__ __forceinline__ float nn_activate(float x, int act, float a, float b)
     }
 }
 
+// The biases of output channels oc0 and oc0 + 1 (0 past cout or without a bias).
+__device__ __forceinline__ float2 nn_bias_pair(const float* __restrict__ bias, int oc0, int cout)
+{
+    return make_float2(bias && oc0 < cout ? bias[oc0] : 0.0f, bias && oc0 + 1 < cout ? bias[oc0 + 1] : 0.0f);
+}
+
 // nn_activate over n values, the activation chosen once (the per-value switch of a tensor-core
 // epilogue cost more instructions than the products).
 template <int ACT, int N>
@@ -520,27 +526,21 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // axes); kh 0: read from p.
 // A fixed-shape block stages its chunk's B fragments in shared memory before the tile, reads
 // them with immediate offsets from an unrolled tap loop, and builds a separable source table.
+template <int KH, int KW_V, int DW_V, int PACK, int S>
+struct NnShape {
+    static constexpr int kh = KH, kw_v = KW_V, dw_v = DW_V, pack = PACK, s = S;
+};
 template <int GATHER>
-struct NnFixedShape {
-    static constexpr int kh = 0, kw_v = 0, dw_v = 0, pack = 0, s = 0;
-};
+struct NnFixedShape : NnShape<0, 0, 0, 0, 0> {};
 template <>
-struct NnFixedShape<NN_GATHER_CL_3X3> {
-    static constexpr int kh = 3, kw_v = 3, dw_v = 1, pack = 1, s = 1;
-};
+struct NnFixedShape<NN_GATHER_CL_3X3> : NnShape<3, 3, 1, 1, 1> {};
 template <>
-struct NnFixedShape<NN_GATHER_CL_3X3_S2> {
-    static constexpr int kh = 3, kw_v = 3, dw_v = 1, pack = 1, s = 2;
-};
+struct NnFixedShape<NN_GATHER_CL_3X3_S2> : NnShape<3, 3, 1, 1, 2> {};
 // the paired output convolution is 7x7: 4 virtual taps a row, 2 pixels apart
 template <>
-struct NnFixedShape<NN_GATHER_CL_PAIRED> {
-    static constexpr int kh = 7, kw_v = 4, dw_v = 2, pack = 1, s = 1;
-};
+struct NnFixedShape<NN_GATHER_CL_PAIRED> : NnShape<7, 4, 2, 1, 1> {};
 template <>
-struct NnFixedShape<NN_GATHER_TP_7X7> {
-    static constexpr int kh = 7, kw_v = 2, dw_v = 4, pack = 4, s = 1;
-};
+struct NnFixedShape<NN_GATHER_TP_7X7> : NnShape<7, 2, 4, 4, 1> {};
 
 // Registers per thread: the one- and two-tile variants (the full-resolution 16-channel layers,
 // latency-bound on their gathers) are held to 64 so that eight blocks share a multiprocessor.
@@ -756,10 +756,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         const int oc0 = 2 * t;
         if (t >= 2 || oc0 >= cout)
             return;
-        float bias[2];
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            bias[j] = (bias_of && oc0 + j < cout) ? bias_of[oc0 + j] : 0.0f;
+        const float2 bias = nn_bias_pair(bias_of, oc0, cout);
         float vals[2][4];
 #pragma unroll
         for (int m = 0; m < 2; m++)
@@ -767,7 +764,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             for (int k = 0; k < 4; k++) {
                 const int r = k >> 1, j = k & 1;
                 const float on = g < 7 ? o[m][k] : r == 0 ? o[m][2 + j] : o[1][j];
-                vals[m][k] = acc[m][0][k] + on + bias[j];
+                vals[m][k] = acc[m][0][k] + on + (j ? bias.y : bias.x);
             }
         nn_activate_n<8>(&vals[0][0], act, act_a, act_b);
 #pragma unroll
@@ -798,10 +795,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         const int oc0 = (nt0 + n) * 8 + 2 * t;
         if (oc0 >= cout)
             continue;
-        float bias[2];
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            bias[j] = (bias_of && oc0 + j < cout) ? bias_of[oc0 + j] : 0.0f;
+        const float2 bias = nn_bias_pair(bias_of, oc0, cout);
         // this tile's eight values, activated under one switch (one and two tiles: with more,
         // the compiler keeps every tile's values live at once, 115 -> 145 registers)
         float vals[2][4];
@@ -809,7 +803,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         for (int m = 0; m < 2; m++)
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                vals[m][k] = acc[m][n][k] + bias[k & 1];
+                vals[m][k] = acc[m][n][k] + (k & 1 ? bias.y : bias.x);
         if (NT <= 2)
             nn_activate_n<8>(&vals[0][0], act, act_a, act_b);
 #pragma unroll

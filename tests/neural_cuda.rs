@@ -497,61 +497,22 @@ fn tensor_core_chains_store_channels_last() {
         let spec = model.specialise(96, 160).unwrap();
         for half in [true, false] {
             let p = build(&spec, &Storage::uniform(spec.stage_count(), half), 0, 0).unwrap();
-            let cl_convs = p
-                .launches
-                .iter()
-                .filter(|l| {
-                    matches!(
-                        l.kernel,
-                        Kernel::ConvMma(
-                            _,
-                            _,
-                            MmaGather::ChannelsLast
-                                | MmaGather::ChannelsLast3x3
-                                | MmaGather::ChannelsLast3x3S2
-                        )
-                    )
-                })
-                .count();
-            let compiled_3x3 = p
-                .launches
-                .iter()
-                .filter(|l| {
-                    matches!(
-                        l.kernel,
-                        Kernel::ConvMma(
-                            _,
-                            _,
-                            MmaGather::ChannelsLast3x3 | MmaGather::ChannelsLast3x3S2
-                        )
-                    )
-                })
-                .count();
-            let packed = p
-                .launches
-                .iter()
-                .filter(|l| {
-                    matches!(
-                        l.kernel,
-                        Kernel::ConvMma(_, _, MmaGather::TapPacked | MmaGather::TapPacked7x7)
-                    )
-                })
-                .count();
-            let stem_7x7 = p
-                .launches
-                .iter()
-                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::TapPacked7x7)))
-                .count();
-            let paired = p
-                .launches
-                .iter()
-                .filter(|l| {
-                    matches!(
-                        l.kernel,
-                        Kernel::ConvMma(_, _, MmaGather::ChannelsLastPaired)
-                    )
-                })
-                .count();
+            // tensor-core launches whose gather is one of `kinds`
+            let count = |kinds: &[MmaGather]| {
+                p.launches
+                    .iter()
+                    .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, _, g) if kinds.contains(&g)))
+                    .count()
+            };
+            use MmaGather::{
+                ChannelsLast, ChannelsLast3x3, ChannelsLast3x3S2, ChannelsLastPaired, TapPacked,
+                TapPacked7x7,
+            };
+            let cl_convs = count(&[ChannelsLast, ChannelsLast3x3, ChannelsLast3x3S2]);
+            let compiled_3x3 = count(&[ChannelsLast3x3, ChannelsLast3x3S2]);
+            let packed = count(&[TapPacked, TapPacked7x7]);
+            let stem_7x7 = count(&[TapPacked7x7]);
+            let paired = count(&[ChannelsLastPaired]);
             // a fixed-shape kernel runs only the shape it compiles in, with the shared memory
             // it touches
             for l in &p.launches {
