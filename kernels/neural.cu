@@ -526,6 +526,34 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // axes); kh 0: read from p.
 // A fixed-shape block stages its chunk's B fragments in shared memory before the tile, reads
 // them with immediate offsets from an unrolled tap loop, and builds a separable source table.
+// The affine part of an elementwise chain (defined with nn_eltwise below): a folded prologue
+// chain (NnConv::pre) takes each gathered value through it.
+__device__ __forceinline__ void nn_affine_coefficients(const NnEltwise& s, int i0, int i1, int i2,
+                                                       int i3, float& ca_out, float& cb_out);
+
+// One value through a folded chain: its affine part, then its tail, which the host allows to be
+// nothing, Relu or LeakyRelu: a slope for negative values (1, 0 or alpha; Relu gives +0).
+__device__ __forceinline__ float nn_pre_value(float ca, float cb, float slope, float x)
+{
+    const float v = ca * x + cb;
+    return v < 0.0f ? (slope == 0.0f ? 0.0f : slope * v) : v;
+}
+
+// A gathered chunk (16 fp16 channels of one pixel, packed in pairs) through the folded chain:
+// channel c's coefficients at coef[c] and coef[NN_PRE_MAX + c], rounded to fp16 after, as the
+// chain's own fp16 output would be.
+__device__ __forceinline__ void nn_tc_pre_apply(const float* coef, float slope, unsigned int v[8])
+{
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const float lo = nn_pre_value(coef[2 * k], coef[NN_PRE_MAX + 2 * k], slope,
+                                      half_bits_to_float((unsigned short)(v[k] & 0xffffu)));
+        const float hi = nn_pre_value(coef[2 * k + 1], coef[NN_PRE_MAX + 2 * k + 1], slope,
+                                      half_bits_to_float((unsigned short)(v[k] >> 16)));
+        v[k] = nn_pack2(float_to_half_bits(lo), float_to_half_bits(hi));
+    }
+}
+
 template <int KH, int KW_V, int DW_V, int PACK, int S>
 struct NnShape {
     static constexpr int kh = KH, kw_v = KW_V, dw_v = DW_V, pack = PACK, s = S;
@@ -600,6 +628,19 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         const int r = e / scols;
         source[e] = nn_tc_source(p, py0 + r, px0 + (e - r * scols));
     }
+    // a folded prologue chain (channels-last gathers, cin <= NN_PRE_MAX): every channel's
+    // coefficients once a block, after the table (its full or separable size, 16-byte aligned)
+    constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || GATHER == NN_GATHER_CL_3X3 ||
+                               GATHER == NN_GATHER_CL_3X3_S2 || GATHER == NN_GATHER_CL_PAIRED;
+    const NnEltwise* __restrict__ pre = cl_gather ? (const NnEltwise*)p->pre : nullptr;
+    float* pre_coef = (float*)source + (fixed ? 4 * ((rows + scols + 3) / 4 + rows + scols) : 2 * rows * scols);
+    float pre_slope = 1.0f;
+    if (cl_gather && pre) {
+        for (int k = threadIdx.x; k < cin; k += blockDim.x)
+            nn_affine_coefficients(*pre, 0, 0, 0, k, pre_coef[k], pre_coef[NN_PRE_MAX + k]);
+        const int tail = pre->n_ops > pre->affine_ops ? pre->op_code[pre->affine_ops] : 0;
+        pre_slope = tail == NN_EW_RELU ? 0.0f : tail == NN_EW_LEAKY ? pre->op_p0[pre->affine_ops] : 1.0f;
+    }
     float acc[2][NT][4];
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -625,13 +666,15 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             const int2 at = fixed ? nn_tc_combine(axis_source[r], axis_source[rows + c]) : source[e];
             if (at.x >= 0) {
                 int4 ty = make_int4(0, 0, 0, 0), tx = ty;
-                if (rs_taps) {
+                if ((fixed || GATHER == NN_GATHER_CHANNELS_LAST) && rs_taps) {
                     ty = fixed ? axis_taps[r] : __ldg((const int4*)rs_taps + at.x);
                     tx = fixed ? axis_taps[rows + c] : __ldg((const int4*)rs_taps + p->h + at.y);
                 }
-                if (fixed || GATHER == NN_GATHER_CHANNELS_LAST)
+                if (fixed || GATHER == NN_GATHER_CHANNELS_LAST) {
                     nn_tc_fetch_nhwc(p, kc, at, v, ty, tx);
-                else
+                    if (cl_gather && pre)
+                        nn_tc_pre_apply(pre_coef + kc * 16, pre_slope, v);
+                } else
                     nn_tc_fetch(p, kc, at, v);
             } else {
                 const unsigned short fill = at.x == -1 ? (unsigned short)0 : fill_bits;

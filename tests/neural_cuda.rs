@@ -130,6 +130,35 @@ fn params<T: bytemuck::Pod>(
     bytemuck::pod_read_unaligned(&p.static_init[at..at + std::mem::size_of::<T>()])
 }
 
+/// The elementwise chains of a program built at static base 0: those launched, and those a
+/// tensor-core convolution takes into its gather (`NnConv::pre`), with whether each is folded.
+fn elementwise_chains(
+    p: &gsttoonflow::cuda::neural::program::Program,
+) -> Vec<(gsttoonflow::cuda::neural::program::NnEltwise, bool)> {
+    use gsttoonflow::cuda::neural::program::{Kernel, NnConv, NnEltwise};
+    let at = |addr: u64| {
+        let at = addr as usize;
+        bytemuck::pod_read_unaligned::<NnEltwise>(
+            &p.static_init[at..at + std::mem::size_of::<NnEltwise>()],
+        )
+    };
+    let mut chains = Vec::new();
+    for l in &p.launches {
+        match l.kernel {
+            Kernel::Eltwise => chains.push((params::<NnEltwise>(p, l), false)),
+            Kernel::ConvMma(..) => {
+                let c = params::<NnConv>(p, l);
+                // a banded convolution's launches share one chain
+                if c.pre != 0 && c.row0 == 0 {
+                    chains.push((at(c.pre), true));
+                }
+            }
+            _ => {}
+        }
+    }
+    chains
+}
+
 fn run_gpu(g: &mut NeuralGpu, input: &Tensor<f32>) -> Tensor<f32> {
     let mut out = Tensor::zeros(&input.shape);
     g.run(input, &mut out).unwrap();
@@ -382,8 +411,8 @@ fn programs_cover_every_stage() {
                     continue;
                 }
                 if p.folded_stages.contains(&i) {
-                    // a Resize or layout Transpose folded into the neighbouring stage's
-                    // tensor-core convolution
+                    // a Resize, layout Transpose or affine chain folded into the
+                    // neighbouring stage's tensor-core convolution
                     assert!(half, "{}: stage {i} folded in fp32", model.name());
                     assert!(
                         p.launches
@@ -543,19 +572,19 @@ fn tensor_core_chains_store_channels_last() {
                 assert_eq!(cl_convs + packed + paired + cl_values.len(), 0);
                 continue;
             }
-            // the 16 -> 3 output convolution over a channels-last input pairs its taps
+            // the 16 -> 3 output convolution over a channels-last input pairs its taps; the
+            // 3x3 layers over channels-last inputs and the 7x7 stem over 3 channels take their
+            // compiled shapes (unless switched off for a comparison)
+            use gsttoonflow::cuda::neural::program::{compiled_3x3_default, paired_taps_default};
             let name = model.name();
             if ["tiny_16", "hayao_32"].contains(&name) || name.starts_with("AnimeGANv3_tiny") {
+                let (pairs, fixed) = (paired_taps_default(), compiled_3x3_default());
                 assert_eq!(
-                    paired,
-                    1,
-                    "{}: the output convolution not paired",
-                    model.name()
+                    paired, pairs as usize,
+                    "{name}: the output convolution's pairing"
                 );
-                // their 3x3 stride-1 layers over channels-last inputs take the compiled shape
-                assert!(compiled_3x3 > 0, "{}: no compiled 3x3", model.name());
-                // and their 7x7 stem over 3 channels the compiled packed shape
-                assert_eq!(stem_7x7, 1, "{}: the stem not compiled", model.name());
+                assert_eq!(compiled_3x3 > 0, fixed, "{name}: the compiled 3x3");
+                assert_eq!(stem_7x7, fixed as usize, "{name}: the compiled stem");
             }
             assert!(cl_convs > 0, "{}: no channels-last gather", model.name());
             // the 3-channel stem packs its taps (and the generated models' few-channel layers)
@@ -648,15 +677,18 @@ fn convolutions_over_their_dying_input_run_in_bands() {
         .collect();
     assert_eq!(grams.len(), 1);
     assert_eq!((grams[0].c, grams[0].cl), (16, 1));
-    let last_axis: Vec<NnEltwise> = p
-        .launches
-        .iter()
-        .filter(|l| l.kernel == Kernel::Eltwise)
-        .map(|l| params::<NnEltwise>(&p, l))
-        .filter(|e: &NnEltwise| e.affine_last != 0)
+    // the modulated normalization's chain: per channel over channels-last, taken into the
+    // output convolution's gather (TOONFLOW_NEURAL_PROLOGUE=0: its own launch)
+    let last_axis: Vec<(NnEltwise, bool)> = elementwise_chains(&p)
+        .into_iter()
+        .filter(|(e, _)| e.affine_last != 0)
         .collect();
     assert_eq!(last_axis.len(), 1);
-    assert_eq!(last_axis[0].dims, [1, 192, 256, 16]);
+    assert_eq!(last_axis[0].0.dims, [1, 192, 256, 16]);
+    assert_eq!(
+        last_axis[0].1,
+        gsttoonflow::cuda::neural::program::prologue_chains_default()
+    );
 }
 
 /// The statistics kernel reads channels-last tensors 8 channels a pixel (no GPU needed to plan):
@@ -773,10 +805,11 @@ fn modulated_normalizations_take_gram_moments() {
     }
 }
 
-/// The normalizations' elementwise chains take nn_eltwise's affine path (no GPU needed to plan).
+/// The normalizations' elementwise chains take nn_eltwise's affine path, or go into the next
+/// convolution's gather when they are per channel over its channels-last input (no GPU needed
+/// to plan).
 #[test]
 fn normalization_chains_take_the_affine_path() {
-    use gsttoonflow::cuda::neural::program::{Kernel, NnEltwise};
     let mut models = vec![
         NeuralModel::from_bytes(&encode_model(&hayao_like()), "hayao_like").unwrap(),
         NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like").unwrap(),
@@ -791,22 +824,27 @@ fn normalization_chains_take_the_affine_path() {
             0,
         )
         .unwrap();
-        let chains: Vec<(i32, i32)> = p
-            .launches
-            .iter()
-            .filter(|l| l.kernel == Kernel::Eltwise)
-            .map(|l| {
-                let e = params::<NnEltwise>(&p, l);
-                (e.affine_x, e.n_ops)
-            })
+        let chains: Vec<(i32, i32, bool)> = elementwise_chains(&p)
+            .into_iter()
+            .map(|(e, folded)| (e.affine_x, e.n_ops, folded))
             .collect();
         let affine = chains.iter().filter(|c| c.0 >= 0).count();
+        let folded = chains.iter().filter(|c| c.2).count();
         println!(
-            "{}: {affine} of {} elementwise launches affine (ops per chain {:?})",
+            "{}: {affine} of {} elementwise chains affine, {folded} of them in a convolution's \
+             gather (ops per chain {:?})",
             model.name(),
             chains.len(),
             chains.iter().map(|c| c.1).collect::<Vec<_>>()
         );
+        // a chain is taken into a gather only when it is affine; the real tiny's modulated
+        // normalization before its output convolution is
+        assert!(chains.iter().all(|c| !c.2 || c.0 >= 0));
+        if model.name().starts_with("AnimeGANv3_tiny")
+            && gsttoonflow::cuda::neural::program::prologue_chains_default()
+        {
+            assert_eq!(folded, 1, "{}", model.name());
+        }
         if model.name() != "tiny_like" {
             assert!(affine > 0, "{}: no affine chain", model.name());
         }

@@ -57,6 +57,11 @@ pub const EW_AFFINE_VEC: usize = 32;
 /// The most values along the last axis of the per-last-axis affine path (its coefficients in
 /// shared memory).
 pub const EW_LAST_MAX: usize = 256;
+/// Input channels of a tensor-core convolution that folds an affine chain into its gather at
+/// most (`prologue_chain`: the coefficients of all of them in shared memory, after the table).
+pub const PRE_MAX: usize = 64;
+/// The shared memory those coefficients take (a and b per channel, f32).
+const PRE_BYTES: u32 = (2 * PRE_MAX * 4) as u32;
 /// Blocks of a per-last-axis affine launch at most (about eight resident a multiprocessor on
 /// the large cards; each block pays for its coefficients once, then loops).
 pub const EW_LAST_BLOCKS: u32 = 1024;
@@ -103,6 +108,10 @@ pub struct NnConv {
     /// Tensor-core path: a residual Add folded into the epilogue: the other addend, read at
     /// the output's own index (the output may be written over it), or 0.
     pub res: u64,
+    /// Tensor-core path, channels-last gathers: the parameter block (`NnEltwise`) of a
+    /// per-channel affine chain folded into the gather (`prologue_chain`): each gathered value
+    /// is x's, taken through the chain as `nn_eltwise` would, then rounded to fp16; or 0.
+    pub pre: u64,
     /// Tensor-core path: cin rounded up to 16, output channel tiles of 8.
     pub cin_pad: i32,
     pub n_tiles: i32,
@@ -335,6 +344,7 @@ pub fn header() -> String {
         Define::int("NN_GRAM_UNROLL", GRAM_UNROLL as i64),
         Define::int("NN_EW_AFFINE_VEC", EW_AFFINE_VEC as i64),
         Define::int("NN_EW_LAST_MAX", EW_LAST_MAX as i64),
+        Define::int("NN_PRE_MAX", PRE_MAX as i64),
         Define::int("NN_EW_ADD", EW_ADD),
         Define::int("NN_EW_SUB", EW_SUB),
         Define::int("NN_EW_MUL", EW_MUL),
@@ -839,7 +849,9 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
         (p.dh as i64, p.dw as i64),
     );
     let taps = gather.fixed_taps();
-    let full = tc_shared_bytes(k, stride, dil, p.pack as usize, p.cin as usize);
+    // a folded prologue chain's coefficients after the table
+    let pre = if p.pre != 0 { PRE_BYTES } else { 0 };
+    let full = tc_shared_bytes(k, stride, dil, p.pack as usize, p.cin as usize) + pre;
     if taps == 0 || gather == MmaGather::TapPacked7x7 {
         // the packed gather stages its pixels after the full table
         return full + b_stage_bytes(taps, nt);
@@ -848,7 +860,67 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
     let (rows, cols) = tc_tile(k, stride, dil);
     let entries = rows + cols;
     let axis = 16 * (entries.div_ceil(4) + entries);
-    (rows * cols * TC_PIX * 2 + axis) as u32 + b_stage_bytes(taps, nt)
+    (rows * cols * TC_PIX * 2 + axis) as u32 + pre + b_stage_bytes(taps, nt)
+}
+
+/// Prologue chains (`prologue_chain`) unless `TOONFLOW_NEURAL_PROLOGUE=0` (the chain then runs
+/// as its own launch: for comparisons).
+pub fn prologue_chains_default() -> bool {
+    std::env::var("TOONFLOW_NEURAL_PROLOGUE").map_or(true, |v| v != "0")
+}
+
+/// The elementwise chain a tensor-core convolution (stage `conv`, its input `x_name` at `x`)
+/// takes into its channels-last gather, so that the chain's output (a normalized activation)
+/// is never written: the last pending launch, of the stage right before it, is a per-channel
+/// affine chain over channels-last fp16 (`affine_chain_last`) that writes over its own X and
+/// whose output only this convolution reads, with at most `PRE_MAX` channels and nothing after
+/// its affine part but a Relu or LeakyRelu. The convolution
+/// then reads X from the same buffer and takes each value through the chain (the same
+/// coefficients and rounding as `nn_eltwise`'s). Pads apply to the chain's output, as before:
+/// a reflected pixel is transformed, a constant fill or zero padding is not.
+fn prologue_chain(
+    l: &Lowered,
+    blocks: &[Pending],
+    conv: usize,
+    gather: MmaGather,
+    x: &Place,
+    x_name: &str,
+    cin: usize,
+) -> Option<NnEltwise> {
+    let gathers_channels_last = matches!(
+        gather,
+        MmaGather::ChannelsLast
+            | MmaGather::ChannelsLast3x3
+            | MmaGather::ChannelsLast3x3S2
+            | MmaGather::ChannelsLastPaired
+    );
+    if !gathers_channels_last
+        || !prologue_chains_default()
+        || x.channels_last.is_none()
+        || !x.half
+        || cin > PRE_MAX
+        || x_name == l.output
+        || only_reader(l, x_name) != Some(conv)
+    {
+        return None;
+    }
+    let (Kernel::Eltwise, bytes, _, _, stage) = blocks.last()? else {
+        return None;
+    };
+    let chain: NnEltwise = bytemuck::pod_read_unaligned(bytes);
+    // the gather applies the affine part, then at most a Relu or LeakyRelu (nn_pre_value)
+    let tail = (chain.affine_ops..chain.n_ops).map(|o| chain.op_code[o as usize]);
+    if tail.len() > 1 || tail.clone().any(|c| c != EW_RELU && c != EW_LEAKY) {
+        return None;
+    }
+    let writes_x = l.stages[*stage].outputs.first().map(String::as_str) == Some(x_name);
+    (*stage + 1 == conv
+        && writes_x
+        && chain.affine_last != 0
+        && chain.affine_x >= 0
+        && chain.y == x.addr
+        && chain.operand[chain.affine_x as usize] == chain.y)
+        .then_some(chain)
 }
 
 /// Whether a launch's parameters have the shape its fixed-shape kernel compiles in (always true
@@ -1802,6 +1874,8 @@ pub fn build(
 
     // launches, with their parameter blocks collected first and placed after the weights
     let mut blocks: Vec<Pending> = Vec::new();
+    // elementwise stages folded into the next convolution's gather (`prologue_chain`)
+    let mut prologue_stages: Vec<usize> = Vec::new();
     for (i, s) in l.stages.iter().enumerate() {
         let place = |places: &HashMap<String, Place>,
                      st: &mut Statics,
@@ -2141,6 +2215,7 @@ pub fn build(
                     wh,
                     rs_taps: resize.as_ref().map_or(0, |r| r.0),
                     res: res.map_or(0, |r| r.addr),
+                    pre: 0,
                     cin_pad: cin_pad as i32,
                     n_tiles: n_tiles as i32,
                     cin: cin as i32,
@@ -2225,6 +2300,27 @@ pub fn build(
                         },
                     );
                     let gz = (n_tiles as u32).div_ceil(nt);
+                    // the affine chain right before it, taken into the gather (the chain's own
+                    // launch, the last pending one, does not run)
+                    let p = match kernel {
+                        Kernel::ConvMma(_, nt, gather)
+                            if resize.is_none()
+                                && conv_shared_bytes(gather, nt, &p) + PRE_BYTES <= 48 * 1024 =>
+                        {
+                            match prologue_chain(l, &blocks, i, gather, &x, x_name, cin) {
+                                Some(chain) => {
+                                    blocks.pop();
+                                    prologue_stages.push(i - 1);
+                                    NnConv {
+                                        pre: st.put(bytemuck::bytes_of(&chain)),
+                                        ..p
+                                    }
+                                }
+                                None => p,
+                            }
+                        }
+                        _ => p,
+                    };
                     // one launch, or one a band (its first row in `row0`)
                     let (rows, count) = match bands.iter().find(|b| b.stage == i) {
                         Some(b) => (b.rows, b.count),
@@ -2749,6 +2845,7 @@ pub fn build(
         })
         .collect();
     let mut folded_stages: Vec<usize> = (0..n_stages).filter(|&i| folds.folded(i)).collect();
+    folded_stages.extend(prologue_stages);
     folded_stages.sort_unstable();
     let mut gram_stages: Vec<usize> = grams.iter().flat_map(|g| [g.conv, g.norm]).collect();
     gram_stages.sort_unstable();
