@@ -863,10 +863,14 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
     (rows * cols * TC_PIX * 2 + axis) as u32 + pre + b_stage_bytes(taps, nt)
 }
 
-/// Prologue chains (`prologue_chain`) unless `TOONFLOW_NEURAL_PROLOGUE=0` (the chain then runs
-/// as its own launch: for comparisons).
+/// Prologue chains (`prologue_chain`) only with `TOONFLOW_NEURAL_PROLOGUE=1`: OFF by default
+/// because of a known race (review of 2bce3c0): the chain's non-X operands (e.g. the `std`
+/// values of a normalization, arena values that the plan lets die at the chain's stage) can be
+/// overwritten by the convolution's own output while later blocks still read them for their
+/// coefficients. Fix before enabling: extend those operands' lifetimes to the convolution's
+/// stage, or fold only when every non-X operand is static.
 pub fn prologue_chains_default() -> bool {
-    std::env::var("TOONFLOW_NEURAL_PROLOGUE").map_or(true, |v| v != "0")
+    std::env::var("TOONFLOW_NEURAL_PROLOGUE").is_ok_and(|v| v == "1")
 }
 
 /// The elementwise chain a tensor-core convolution (stage `conv`, its input `x_name` at `x`)
