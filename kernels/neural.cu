@@ -502,8 +502,9 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 #define NN_GATHER_CHANNELS_LAST 1
 #define NN_GATHER_TAP_PACKED 2
 // Channels-last, with the horizontal taps paired in N (a 7x7 layer of stride 1 and at most 4
-// output channels, e.g. the 16 -> 3 output convolution; NnFixedShape below): virtual tap g of row ky multiplies the pixel at
-// p + 2g by w[ky][2g] in columns 0-3 (toward output p) and by w[ky][2g + 1] in columns 4-7
+// output channels, e.g. the 16 -> 3 output convolution; NnFixedShape below): virtual tap g of
+// row ky multiplies the pixel at p + 2g by w[ky][2g] in columns 0-3 (toward output p) and by
+// w[ky][2g + 1] in columns 4-7
 // (toward output p - 1), so output q = E[q] + O[q + 1] from half the A fragments. A warp's 32
 // A rows then give 31 outputs (NN_TC_COLS - 1 a block row).
 #define NN_GATHER_CL_PAIRED 3
@@ -521,11 +522,6 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // as NN_GATHER_CL_3X3.
 #define NN_GATHER_CL_3X3_S2 6
 
-// The shape a kernel has compiled in (the host launches it only for that shape): kernel rows,
-// virtual taps a row, their spacing in pixels, taps packed a virtual tap, the stride (both
-// axes); kh 0: read from p.
-// A fixed-shape block stages its chunk's B fragments in shared memory before the tile, reads
-// them with immediate offsets from an unrolled tap loop, and builds a separable source table.
 // The affine part of an elementwise chain (defined with nn_eltwise below): a folded prologue
 // chain (NnConv::pre) takes each gathered value through it.
 __device__ __forceinline__ void nn_affine_coefficients(const NnEltwise& s, int i0, int i1, int i2,
@@ -554,6 +550,11 @@ __device__ __forceinline__ void nn_tc_pre_apply(const float* coef, float slope, 
     }
 }
 
+// The shape a kernel has compiled in (the host launches it only for that shape): kernel rows,
+// virtual taps a row, their spacing in pixels, taps packed a virtual tap, the stride (both
+// axes); kh 0: read from p.
+// A fixed-shape block stages its chunk's B fragments in shared memory before the tile, reads
+// them with immediate offsets from an unrolled tap loop, and builds a separable source table.
 template <int KH, int KW_V, int DW_V, int PACK, int S>
 struct NnShape {
     static constexpr int kh = KH, kw_v = KW_V, dw_v = DW_V, pack = PACK, s = S;
@@ -581,6 +582,8 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     typedef NnFixedShape<GATHER> F;
     constexpr bool fixed = F::kh > 0;
     constexpr bool packed = GATHER == NN_GATHER_TAP_PACKED || GATHER == NN_GATHER_TP_7X7;
+    // the gathers that read channels-last inputs (nn_tc_fetch_nhwc)
+    constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || (fixed && !packed);
     // fixed shape: [tap][n][lane] B fragments (256 bytes a tap and tile), then the tile
     constexpr int b_halves = fixed ? F::kh * F::kw_v * NT * 128 : 0;
     extern __shared__ __align__(16) unsigned short smem[];
@@ -597,7 +600,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // tap-packed: kw_v virtual taps of `pack` real ones each, dw_v apart; the table reaches
     // pack - 1 taps further right than the tile
     // paired: kw_v virtual taps two real ones apart; the table is the tile
-    const int pack = fixed ? F::pack : GATHER == NN_GATHER_TAP_PACKED ? p->pack : paired ? 2 : 1;
+    const int pack = fixed ? F::pack : GATHER == NN_GATHER_TAP_PACKED ? p->pack : 1;
     const int kw_v = fixed ? F::kw_v : (p->kw + pack - 1) / pack;
     const int dw_v = fixed ? F::dw_v : p->dw * pack;
     const int rows = fixed ? (NN_TC_ROWS - 1) * F::s + F::kh : (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
@@ -629,9 +632,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         source[e] = nn_tc_source(p, py0 + r, px0 + (e - r * scols));
     }
     // a folded prologue chain (channels-last gathers, cin <= NN_PRE_MAX): every channel's
-    // coefficients once a block, after the table (its full or separable size, 16-byte aligned)
-    constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || GATHER == NN_GATHER_CL_3X3 ||
-                               GATHER == NN_GATHER_CL_3X3_S2 || GATHER == NN_GATHER_CL_PAIRED;
+    // coefficients once a block, after the table (its full or separable size)
     const NnEltwise* __restrict__ pre = cl_gather ? (const NnEltwise*)p->pre : nullptr;
     float* pre_coef = (float*)source + (fixed ? 4 * ((rows + scols + 3) / 4 + rows + scols) : 2 * rows * scols);
     float pre_slope = 1.0f;
@@ -666,13 +667,13 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             const int2 at = fixed ? nn_tc_combine(axis_source[r], axis_source[rows + c]) : source[e];
             if (at.x >= 0) {
                 int4 ty = make_int4(0, 0, 0, 0), tx = ty;
-                if ((fixed || GATHER == NN_GATHER_CHANNELS_LAST) && rs_taps) {
+                if (cl_gather && rs_taps) {
                     ty = fixed ? axis_taps[r] : __ldg((const int4*)rs_taps + at.x);
                     tx = fixed ? axis_taps[rows + c] : __ldg((const int4*)rs_taps + p->h + at.y);
                 }
-                if (fixed || GATHER == NN_GATHER_CHANNELS_LAST) {
+                if (cl_gather) {
                     nn_tc_fetch_nhwc(p, kc, at, v, ty, tx);
-                    if (cl_gather && pre)
+                    if (pre)
                         nn_tc_pre_apply(pre_coef + kc * 16, pre_slope, v);
                 } else
                     nn_tc_fetch(p, kc, at, v);

@@ -615,26 +615,36 @@ pub struct StatsPlace {
 /// Tensor cores for fp16 convolutions unless `TOONFLOW_NEURAL_MMA=0` (the executor uses them
 /// on sm_80+ only; tests/neural_cuda.rs checks both paths).
 pub fn tensor_cores_default() -> bool {
-    std::env::var("TOONFLOW_NEURAL_MMA").map_or(true, |v| v != "0")
+    switch("TOONFLOW_NEURAL_MMA", true)
+}
+
+/// An environment switch for comparisons: on by default unless set to `0`, or off by default
+/// unless set to `1`.
+fn switch(name: &str, default: bool) -> bool {
+    match std::env::var(name) {
+        Ok(v) if default => v != "0",
+        Ok(v) => v == "1",
+        Err(_) => default,
+    }
 }
 
 /// Gram moments for the modulated normalization (`gram_moments`) unless
 /// `TOONFLOW_NEURAL_GRAM=0` (the convolution and both statistics passes then run: for
 /// comparisons).
 pub fn gram_moments_default() -> bool {
-    std::env::var("TOONFLOW_NEURAL_GRAM").map_or(true, |v| v != "0")
+    switch("TOONFLOW_NEURAL_GRAM", true)
 }
 
 /// Paired horizontal taps for narrow channels-last convolutions (`MmaGather::ChannelsLastPaired`)
 /// unless `TOONFLOW_NEURAL_PAIRED=0` (the plain channels-last gather then runs: for comparisons).
 pub fn paired_taps_default() -> bool {
-    std::env::var("TOONFLOW_NEURAL_PAIRED").map_or(true, |v| v != "0")
+    switch("TOONFLOW_NEURAL_PAIRED", true)
 }
 
 /// The compiled-shape kernels (`MmaGather::ChannelsLast3x3`, `MmaGather::TapPacked7x7`) unless
 /// `TOONFLOW_NEURAL_3X3=0` (the general kernels then run: for comparisons).
 pub fn compiled_3x3_default() -> bool {
-    std::env::var("TOONFLOW_NEURAL_3X3").map_or(true, |v| v != "0")
+    switch("TOONFLOW_NEURAL_3X3", true)
 }
 
 /// Storage of each stage's outputs: fp16 (`true`) or fp32, and whether convolutions reading
@@ -870,7 +880,7 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
 /// coefficients. Fix before enabling: extend those operands' lifetimes to the convolution's
 /// stage, or fold only when every non-X operand is static.
 pub fn prologue_chains_default() -> bool {
-    std::env::var("TOONFLOW_NEURAL_PROLOGUE").is_ok_and(|v| v == "1")
+    switch("TOONFLOW_NEURAL_PROLOGUE", false)
 }
 
 /// The elementwise chain a tensor-core convolution (stage `conv`, its input `x_name` at `x`)
@@ -934,7 +944,9 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
     match gather {
         MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1),
         MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 4,
-        MmaGather::TapPacked7x7 => shape == (7, 7, 1, 1, 1, 1, 4) && p.cin <= 4 && nt <= 4,
+        MmaGather::TapPacked7x7 => {
+            shape == (7, 7, 1, 1, 1, 1, 4) && tap_slot(p.cin as usize) == 4 && p.n_tiles <= 4
+        }
         MmaGather::ChannelsLastPaired => shape == (7, 7, 1, 1, 1, 1, 1) && p.n_tiles == 1,
         _ => true,
     }
@@ -2270,39 +2282,30 @@ pub fn build(
                         (ys[2] as u32).div_ceil(TC_ROWS),
                     );
                     let nt = tc_channel_tiles(n_tiles as u32, gx * gy);
-                    let kernel = Kernel::ConvMma(
-                        y.half,
-                        nt as u8,
-                        if pack == 4
-                            && tap_slot(cin) == 4
-                            && n_tiles <= 4
-                            && (kh, kw, sh, sw, dh, dw) == (7, 7, 1, 1, 1, 1)
-                            && compiled_3x3_default()
-                        {
-                            MmaGather::TapPacked7x7
-                        } else if pack > 1 {
-                            MmaGather::TapPacked
-                        } else if paired {
-                            MmaGather::ChannelsLastPaired
-                        } else if x.channels_last.is_some()
-                            && y.half
-                            && (kh, kw, sh, sw, dh, dw) == (3, 3, 1, 1, 1, 1)
-                            && compiled_3x3_default()
-                        {
-                            MmaGather::ChannelsLast3x3
-                        } else if x.channels_last.is_some()
-                            && y.half
-                            && (kh, kw, sh, sw, dh, dw) == (3, 3, 2, 2, 1, 1)
-                            && nt <= 4
-                            && compiled_3x3_default()
-                        {
-                            MmaGather::ChannelsLast3x3S2
-                        } else if x.channels_last.is_some() {
-                            MmaGather::ChannelsLast
-                        } else {
-                            MmaGather::Planar
-                        },
-                    );
+                    let general = if pack > 1 {
+                        MmaGather::TapPacked
+                    } else if paired {
+                        MmaGather::ChannelsLastPaired
+                    } else if x.channels_last.is_some() {
+                        MmaGather::ChannelsLast
+                    } else {
+                        MmaGather::Planar
+                    };
+                    // the general gather's fixed-shape kernel, where the layer has its shape
+                    // (`fixed_shape_matches`, the one statement of those shapes)
+                    let fixed: &[MmaGather] = match general {
+                        MmaGather::TapPacked => &[MmaGather::TapPacked7x7],
+                        MmaGather::ChannelsLast if y.half => {
+                            &[MmaGather::ChannelsLast3x3, MmaGather::ChannelsLast3x3S2]
+                        }
+                        _ => &[],
+                    };
+                    let gather = fixed
+                        .iter()
+                        .copied()
+                        .find(|&f| compiled_3x3_default() && fixed_shape_matches(f, &p, nt as u8))
+                        .unwrap_or(general);
+                    let kernel = Kernel::ConvMma(y.half, nt as u8, gather);
                     let gz = (n_tiles as u32).div_ceil(nt);
                     // the affine chain right before it, taken into the gather (the chain's own
                     // launch, the last pending one, does not run)
