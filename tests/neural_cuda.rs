@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use gst::prelude::*;
 use gsttoonflow::cuda::neural::NeuralGpu;
-use gsttoonflow::cuda::neural::program::{Kernel, Storage};
+use gsttoonflow::cuda::neural::program::{Fusions, Kernel, Storage};
 use gsttoonflow::neural::Tensor;
 use gsttoonflow::neural::engine::{NeuralModel, Specialised};
 use gsttoonflow::neural::frame::{
@@ -91,14 +91,21 @@ fn random_input(spec: &Specialised, seed: u64) -> Tensor<f32> {
 }
 
 fn gpu(spec: &Specialised, half: bool, graph: bool) -> NeuralGpu {
-    gpu_with(spec, half, graph, true)
+    gpu_with(spec, half, graph, true, Fusions::from_env())
 }
 
 /// With `tensor_cores` false the fp16 convolutions run on CUDA cores too.
-fn gpu_with(spec: &Specialised, half: bool, graph: bool, tensor_cores: bool) -> NeuralGpu {
+fn gpu_with(
+    spec: &Specialised,
+    half: bool,
+    graph: bool,
+    tensor_cores: bool,
+    fusions: Fusions,
+) -> NeuralGpu {
     let storage = Storage {
         half: vec![half; spec.stage_count()],
         tensor_cores,
+        fusions,
     };
     NeuralGpu::new(0, spec, &storage, 0, graph)
         .unwrap_or_else(|e| panic!("building the GPU network: {e}"))
@@ -340,15 +347,26 @@ fn fp16_storage_keeps_40_db_on_photos() {
             let out32 = run_gpu(&mut gpu(&spec, false, false), &input);
             let d32 = max_abs(&cpu, &out32);
             assert!(d32 <= 1e-3, "{} fp32 on {photo}: {d32}", model.name());
-            for tc in [false, true] {
-                let mut g = gpu_with(&spec, true, false, tc);
+            // CUDA cores; tensor cores with every fusion and with none (one run checks both)
+            for (tc, fusions) in [
+                (false, Fusions::NONE),
+                (true, Fusions::ALL),
+                (true, Fusions::NONE),
+            ] {
+                let mut g = gpu_with(&spec, true, false, tc, fusions);
                 let out16 = run_gpu(&mut g, &input);
                 let p16 = psnr(&cpu, &out16);
                 println!(
                     "{} on {photo} {tw}x{th}: fp32 max abs {d32:.2e}, fp16 ({} tensor-core \
-                     convs) {p16:.1} dB (max abs {:.2e})",
+                     convs, fusions {}, {} launches) {p16:.1} dB (max abs {:.2e})",
                     model.name(),
                     mma_launches(&g),
+                    if fusions == Fusions::ALL {
+                        "all"
+                    } else {
+                        "none"
+                    },
+                    g.program().launches.len(),
                     max_abs(&cpu, &out16)
                 );
                 assert!(p16 >= 40.0, "{} fp16 on {photo}: {p16:.1} dB", model.name());
@@ -387,6 +405,7 @@ fn programs_cover_every_stage() {
             let storage = Storage {
                 half: vec![half; spec.stage_count()],
                 tensor_cores: true,
+                fusions: Fusions::from_env(),
             };
             let p = gsttoonflow::cuda::neural::program::build(&spec, &storage, 0, 0).unwrap();
             let mma = tensor_core_convs(&p);
@@ -575,10 +594,13 @@ fn tensor_core_chains_store_channels_last() {
             // the 16 -> 3 output convolution over a channels-last input pairs its taps; the
             // 3x3 layers over channels-last inputs and the 7x7 stem over 3 channels take their
             // compiled shapes (unless switched off for a comparison)
-            use gsttoonflow::cuda::neural::program::{compiled_3x3_default, paired_taps_default};
             let name = model.name();
             if ["tiny_16", "hayao_32"].contains(&name) || name.starts_with("AnimeGANv3_tiny") {
-                let (pairs, fixed) = (paired_taps_default(), compiled_3x3_default());
+                let Fusions {
+                    paired: pairs,
+                    fixed_shapes: fixed,
+                    ..
+                } = Fusions::from_env();
                 assert_eq!(
                     paired, pairs as usize,
                     "{name}: the output convolution's pairing"
@@ -685,10 +707,7 @@ fn convolutions_over_their_dying_input_run_in_bands() {
         .collect();
     assert_eq!(last_axis.len(), 1);
     assert_eq!(last_axis[0].0.dims, [1, 192, 256, 16]);
-    assert_eq!(
-        last_axis[0].1,
-        gsttoonflow::cuda::neural::program::prologue_chains_default()
-    );
+    assert_eq!(last_axis[0].1, Fusions::from_env().prologue);
 }
 
 /// The statistics kernel reads channels-last tensors 8 channels a pixel (no GPU needed to plan):
@@ -756,6 +775,7 @@ fn modulated_normalizations_take_gram_moments() {
             &Storage {
                 half: vec![true; spec.stage_count()],
                 tensor_cores: false,
+                fusions: Fusions::from_env(),
             },
             0,
             0,
@@ -840,15 +860,78 @@ fn normalization_chains_take_the_affine_path() {
         // a chain is taken into a gather only when it is affine; the real tiny's modulated
         // normalization before its output convolution is
         assert!(chains.iter().all(|c| !c.2 || c.0 >= 0));
-        if model.name().starts_with("AnimeGANv3_tiny")
-            && gsttoonflow::cuda::neural::program::prologue_chains_default()
-        {
+        if model.name().starts_with("AnimeGANv3_tiny") && Fusions::from_env().prologue {
             assert_eq!(folded, 1, "{}", model.name());
         }
         if model.name() != "tiny_like" {
             assert!(affine > 0, "{}: no affine chain", model.name());
         }
     }
+}
+
+/// A chain taken into a convolution's gather is read by every block of that convolution (each
+/// works out the coefficients from the chain's operands): no operand of it may sit where the
+/// convolution writes its output, or a late block reads what an early one wrote. The arena at
+/// a base far from the static block's, so that an operand's address says where it lives (no GPU
+/// needed to plan).
+#[test]
+fn folded_chains_operands_outlive_their_convolution() {
+    use gsttoonflow::cuda::neural::program::{NnConv, NnEltwise, build};
+    const ARENA: u64 = 1 << 40;
+    let mut models: Vec<(NeuralModel, usize, usize)> = generated();
+    models.extend(real_tiny().map(|m| (m, 320, 192)));
+    let mut folded = 0;
+    for (model, w, h) in &models {
+        let spec = model.specialise(*h, *w).unwrap();
+        let storage = Storage {
+            fusions: Fusions::ALL,
+            ..Storage::uniform(spec.stage_count(), true)
+        };
+        let p = build(&spec, &storage, ARENA, 0).unwrap();
+        p.arena.validate().unwrap();
+        for l in &p.launches {
+            let Kernel::ConvMma(half, ..) = l.kernel else {
+                continue;
+            };
+            let c: NnConv = params(&p, l);
+            if c.pre == 0 {
+                continue;
+            }
+            folded += (c.row0 == 0) as usize;
+            let at = c.pre as usize;
+            let chain: NnEltwise =
+                bytemuck::pod_read_unaligned(&p.static_init[at..at + size_of::<NnEltwise>()]);
+            // the whole output, whichever band this launch writes
+            let bytes = (c.oh * c.ow * c.cout) as u64 * if half { 2 } else { 4 };
+            let written = c.y..c.y + bytes;
+            for (k, &operand) in chain.operand.iter().enumerate() {
+                if k as i32 == chain.affine_x || operand < ARENA {
+                    continue;
+                }
+                let dims = chain.dims.iter().map(|&d| d.max(1) as u64);
+                let strides = &chain.strides[4 * k..4 * k + 4];
+                let last = dims
+                    .zip(strides)
+                    .map(|(d, &s)| (d - 1) * s.max(0) as u64)
+                    .sum::<u64>();
+                let end = operand + (last + 1) * if chain.operand_half[k] != 0 { 2 } else { 4 };
+                assert!(
+                    end <= written.start || operand >= written.end,
+                    "{}: operand {k} of the chain in the convolution at {:#x} ({:#x}..{:#x}) \
+                     lies in its output ({:#x}..{:#x})",
+                    model.name(),
+                    c.y,
+                    operand,
+                    end,
+                    written.start,
+                    written.end
+                );
+            }
+        }
+    }
+    println!("{folded} folded chains checked");
+    // tiny_16 and the real tiny fold their modulated normalization
+    assert!(folded >= 1);
 }
 
 /// f32 → f16 bits against nprec's emulation (round to nearest even) over many magnitudes.
@@ -916,7 +999,7 @@ fn speed() {
             let (h, w) = (h.div_ceil(m) * m, w.div_ceil(m) * m);
             let spec = model.specialise(h, w).unwrap();
             for (half, tc) in [(true, true), (true, false), (false, false)] {
-                let mut g = gpu_with(&spec, half, true, tc);
+                let mut g = gpu_with(&spec, half, true, tc, Fusions::from_env());
                 let input = random_input(&spec, 5);
                 let mut out = Tensor::zeros(&input.shape);
                 for _ in 0..4 {

@@ -192,8 +192,8 @@ impl NeuralGpu {
         let (device_name, (major, _)) = describe(&ctx)?;
         // mma.sync m16n8k16 needs sm_80
         let storage = &Storage {
-            half: storage.half.clone(),
             tensor_cores: storage.tensor_cores && major >= 8,
+            ..storage.clone()
         };
         let sizing = program::build(spec, storage, 0, 0)?;
         let total = sizing.arena.arena_bytes + sizing.static_bytes;

@@ -603,6 +603,13 @@ pub struct Place {
     pub channels_last: Option<u32>,
 }
 
+impl Place {
+    /// The bytes it takes, from its address.
+    pub fn span(&self) -> std::ops::Range<u64> {
+        self.addr..self.addr + self.elements * if self.half { 2 } else { 4 }
+    }
+}
+
 /// A normalize stage's statistics, for the host hook (fp32, `channels` each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatsPlace {
@@ -628,23 +635,47 @@ fn switch(name: &str, default: bool) -> bool {
     }
 }
 
-/// Gram moments for the modulated normalization (`gram_moments`) unless
-/// `TOONFLOW_NEURAL_GRAM=0` (the convolution and both statistics passes then run: for
-/// comparisons).
-pub fn gram_moments_default() -> bool {
-    switch("TOONFLOW_NEURAL_GRAM", true)
+/// The fusions a plan may use. `Fusions::from_env()` (what `Storage` takes by default) turns
+/// each off or on through an environment variable, for comparisons (`tools/h200.sh neural-ab`);
+/// tests set them directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fusions {
+    /// Gram moments for the modulated normalization (`gram_moments`): the 1x1 convolution and
+    /// both statistics passes do not run. `TOONFLOW_NEURAL_GRAM=0` turns it off.
+    pub gram: bool,
+    /// Paired horizontal taps for narrow channels-last convolutions
+    /// (`MmaGather::ChannelsLastPaired`). `TOONFLOW_NEURAL_PAIRED=0` turns it off.
+    pub paired: bool,
+    /// The compiled-shape kernels (`fixed_shape_matches`). `TOONFLOW_NEURAL_3X3=0` turns them
+    /// off.
+    pub fixed_shapes: bool,
+    /// Per-channel affine chains taken into the next convolution's gather (`prologue_chain`).
+    /// `TOONFLOW_NEURAL_PROLOGUE=0` turns it off.
+    pub prologue: bool,
 }
 
-/// Paired horizontal taps for narrow channels-last convolutions (`MmaGather::ChannelsLastPaired`)
-/// unless `TOONFLOW_NEURAL_PAIRED=0` (the plain channels-last gather then runs: for comparisons).
-pub fn paired_taps_default() -> bool {
-    switch("TOONFLOW_NEURAL_PAIRED", true)
-}
+impl Fusions {
+    pub const ALL: Fusions = Fusions {
+        gram: true,
+        paired: true,
+        fixed_shapes: true,
+        prologue: true,
+    };
+    pub const NONE: Fusions = Fusions {
+        gram: false,
+        paired: false,
+        fixed_shapes: false,
+        prologue: false,
+    };
 
-/// The compiled-shape kernels (`MmaGather::ChannelsLast3x3`, `MmaGather::TapPacked7x7`) unless
-/// `TOONFLOW_NEURAL_3X3=0` (the general kernels then run: for comparisons).
-pub fn compiled_3x3_default() -> bool {
-    switch("TOONFLOW_NEURAL_3X3", true)
+    pub fn from_env() -> Self {
+        Fusions {
+            gram: switch("TOONFLOW_NEURAL_GRAM", true),
+            paired: switch("TOONFLOW_NEURAL_PAIRED", true),
+            fixed_shapes: switch("TOONFLOW_NEURAL_3X3", true),
+            prologue: switch("TOONFLOW_NEURAL_PROLOGUE", true),
+        }
+    }
 }
 
 /// Storage of each stage's outputs: fp16 (`true`) or fp32, and whether convolutions reading
@@ -653,6 +684,7 @@ pub fn compiled_3x3_default() -> bool {
 pub struct Storage {
     pub half: Vec<bool>,
     pub tensor_cores: bool,
+    pub fusions: Fusions,
 }
 
 impl Storage {
@@ -660,6 +692,7 @@ impl Storage {
         Storage {
             half: vec![half; stages],
             tensor_cores: tensor_cores_default(),
+            fusions: Fusions::from_env(),
         }
     }
 
@@ -670,6 +703,7 @@ impl Storage {
                 .map(|i| plan.stage(i) == StoragePrecision::Fp16)
                 .collect(),
             tensor_cores: tensor_cores_default(),
+            fusions: Fusions::from_env(),
         }
     }
 }
@@ -873,17 +907,7 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
     (rows * cols * TC_PIX * 2 + axis) as u32 + pre + b_stage_bytes(taps, nt)
 }
 
-/// Prologue chains (`prologue_chain`) only with `TOONFLOW_NEURAL_PROLOGUE=1`: OFF by default
-/// because of a known race (review of 2bce3c0): the chain's non-X operands (e.g. the `std`
-/// values of a normalization, arena values that the plan lets die at the chain's stage) can be
-/// overwritten by the convolution's own output while later blocks still read them for their
-/// coefficients. Fix before enabling: extend those operands' lifetimes to the convolution's
-/// stage, or fold only when every non-X operand is static.
-pub fn prologue_chains_default() -> bool {
-    switch("TOONFLOW_NEURAL_PROLOGUE", false)
-}
-
-/// The elementwise chain a tensor-core convolution (stage `conv`, its input `x_name` at `x`)
+/// The elementwise chain a tensor-core convolution (stage `conv`, its input `x_name`, its output at `y`)
 /// takes into its channels-last gather, so that the chain's output (a normalized activation)
 /// is never written: the last pending launch, of the stage right before it, is a per-channel
 /// affine chain over channels-last fp16 (`affine_chain_last`) that writes over its own X and
@@ -897,10 +921,11 @@ fn prologue_chain(
     blocks: &[Pending],
     conv: usize,
     gather: MmaGather,
-    x: &Place,
     x_name: &str,
-    cin: usize,
+    places: &HashMap<String, Place>,
+    y: &Place,
 ) -> Option<NnEltwise> {
+    let x = places.get(x_name)?;
     let gathers_channels_last = matches!(
         gather,
         MmaGather::ChannelsLast
@@ -909,10 +934,8 @@ fn prologue_chain(
             | MmaGather::ChannelsLastPaired
     );
     if !gathers_channels_last
-        || !prologue_chains_default()
-        || x.channels_last.is_none()
+        || x.channels_last.is_none_or(|c| c as usize > PRE_MAX)
         || !x.half
-        || cin > PRE_MAX
         || x_name == l.output
         || only_reader(l, x_name) != Some(conv)
     {
@@ -928,7 +951,17 @@ fn prologue_chain(
         return None;
     }
     let writes_x = l.stages[*stage].outputs.first().map(String::as_str) == Some(x_name);
+    // every block reads the other operands for its coefficients while others write the output
+    // (build() keeps them alive until the convolution; this makes sure of it)
+    let out = y.span();
+    let clear_of_output = l.stages[*stage]
+        .inputs
+        .iter()
+        .filter(|v| l.shapes.get(*v) != l.shapes.get(x_name))
+        .filter_map(|v| places.get(v))
+        .all(|p| p.span().end <= out.start || p.span().start >= out.end);
     (*stage + 1 == conv
+        && clear_of_output
         && writes_x
         && chain.affine_last != 0
         && chain.affine_x >= 0
@@ -1256,7 +1289,7 @@ struct Gram {
 
 fn gram_moments(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Vec<Gram> {
     let mut grams = Vec::new();
-    if !storage.tensor_cores || !gram_moments_default() {
+    if !storage.tensor_cores || !storage.fusions.gram {
         return grams;
     }
     let plain_stats_of = |v: &str| {
@@ -1701,6 +1734,31 @@ pub fn build(
     for (&conv, (add, _)) in &folds.residual {
         not_stored.insert(l.stages[conv].outputs[0].as_str(), ());
         written_by.insert(l.stages[*add].outputs[0].as_str(), conv as u32);
+    }
+    // a chain that the next convolution may take into its gather (`prologue_chain`) is read by
+    // each of that convolution's blocks for its coefficients: its per-channel operands live
+    // until the convolution, so that its output is never placed over them (the full-size X the
+    // chain writes over already lives that long)
+    if storage.fusions.prologue {
+        for (i, s) in l.stages.iter().enumerate() {
+            let [o] = s.outputs.as_slice() else {
+                continue;
+            };
+            let conv = i + 1;
+            if s.kind != StageKind::Elementwise
+                || l.stages.get(conv).map(|c| c.kind) != Some(StageKind::Conv)
+                || only_reader(l, o) != Some(conv)
+            {
+                continue;
+            }
+            for v in &s.inputs {
+                if l.shapes.get(v) != l.shapes.get(o)
+                    && last_use.get(v.as_str()) == Some(&(i as u32))
+                {
+                    last_use.insert(v.as_str(), conv as u32);
+                }
+            }
+        }
     }
     let grams = gram_moments(l, storage, &half_of);
     for g in &grams {
@@ -2193,7 +2251,7 @@ pub fn build(
                     && res.is_none()
                     && cout <= 4
                     && (kh, kw, sh, sw, dh, dw) == (7, 7, 1, 1, 1, 1)
-                    && paired_taps_default();
+                    && storage.fusions.paired;
                 let cin_pad = if pack > 1 {
                     (tap_slot(cin) * pack).div_ceil(16) * 16
                 } else {
@@ -2303,7 +2361,9 @@ pub fn build(
                     let gather = fixed
                         .iter()
                         .copied()
-                        .find(|&f| compiled_3x3_default() && fixed_shape_matches(f, &p, nt as u8))
+                        .find(|&f| {
+                            storage.fusions.fixed_shapes && fixed_shape_matches(f, &p, nt as u8)
+                        })
                         .unwrap_or(general);
                     let kernel = Kernel::ConvMma(y.half, nt as u8, gather);
                     let gz = (n_tiles as u32).div_ceil(nt);
@@ -2311,10 +2371,11 @@ pub fn build(
                     // launch, the last pending one, does not run)
                     let p = match kernel {
                         Kernel::ConvMma(_, nt, gather)
-                            if resize.is_none()
+                            if storage.fusions.prologue
+                                && resize.is_none()
                                 && conv_shared_bytes(gather, nt, &p) + PRE_BYTES <= 48 * 1024 =>
                         {
-                            match prologue_chain(l, &blocks, i, gather, &x, x_name, cin) {
+                            match prologue_chain(l, &blocks, i, gather, x_name, &places, &y) {
                                 Some(chain) => {
                                     blocks.pop();
                                     prologue_stages.push(i - 1);
