@@ -342,6 +342,34 @@ __device__ __forceinline__ void nn_unpack8(uint4 q, float f[8])
     }
 }
 
+// A resized pixel's 16 channels (chunk) from its four taps' 32-byte source pixels, packed in
+// pairs and rounded to fp16 as the Resize's own output would be: load(o, half8) gives the 8
+// channels half8 of the source pixel at pixel offset o (the row-1 taps only when wy1 != 0).
+template <typename Load>
+__device__ __forceinline__ void nn_blend_pixel(const NnBilinear& tp, unsigned int v[8], Load load)
+{
+#pragma unroll
+    for (int half8 = 0; half8 < 2; half8++) {
+        float a0[8], a1[8], b0[8], b1[8];
+        nn_unpack8(load(tp.o00, half8), a0);
+        nn_unpack8(load(tp.o01, half8), a1);
+        if (tp.wy1 != 0.0f) {
+            nn_unpack8(load(tp.o10, half8), b0);
+            nn_unpack8(load(tp.o11, half8), b1);
+        } else {
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                b0[c] = b1[c] = 0.0f;
+        }
+#pragma unroll
+        for (int c2 = 0; c2 < 4; c2++) {
+            const int c = 2 * c2;
+            v[half8 * 4 + c2] = nn_pack2(float_to_half_bits(nn_blend(a0[c], a1[c], b0[c], b1[c], tp)),
+                                         float_to_half_bits(nn_blend(a0[c + 1], a1[c + 1], b0[c + 1], b1[c + 1], tp)));
+        }
+    }
+}
+
 // Channels-last fp16 input (the producer was a tensor-core convolution; the host makes a value
 // channels-last only with a multiple of 16 channels): a chunk of 16 channels of one pixel is
 // 32 contiguous, aligned bytes, two 16-byte loads (direct) or two per tap (a folded Resize).
@@ -361,28 +389,18 @@ __device__ __forceinline__ void nn_tc_fetch_nhwc(const NnConv* __restrict__ p, i
     }
     // the tap tables hold element offsets of a plane of rs_w; here they are pixel offsets
     const int tyv[4] = {ty.x, ty.y, ty.z, ty.w}, txv[4] = {tx.x, tx.y, tx.z, tx.w};
-    const NnBilinear tp = nn_taps(tyv, txv, p->rs_w);
     const long long ps = p->x_ps;
-#pragma unroll
-    for (int half8 = 0; half8 < 2; half8++) {
-        float a0[8], a1[8], b0[8], b1[8];
-        nn_unpack8(__ldg((const uint4*)(x + tp.o00 * ps) + half8), a0);
-        nn_unpack8(__ldg((const uint4*)(x + tp.o01 * ps) + half8), a1);
-        if (tp.wy1 != 0.0f) {
-            nn_unpack8(__ldg((const uint4*)(x + tp.o10 * ps) + half8), b0);
-            nn_unpack8(__ldg((const uint4*)(x + tp.o11 * ps) + half8), b1);
-        } else {
-#pragma unroll
-            for (int c = 0; c < 8; c++)
-                b0[c] = b1[c] = 0.0f;
-        }
-#pragma unroll
-        for (int c2 = 0; c2 < 4; c2++) {
-            const int c = 2 * c2;
-            v[half8 * 4 + c2] = nn_pack2(float_to_half_bits(nn_blend(a0[c], a1[c], b0[c], b1[c], tp)),
-                                         float_to_half_bits(nn_blend(a0[c + 1], a1[c + 1], b0[c + 1], b1[c + 1], tp)));
-        }
-    }
+    nn_blend_pixel(nn_taps(tyv, txv, p->rs_w), v,
+                   [&](long long o, int half8) { return __ldg((const uint4*)(x + o * ps) + half8); });
+}
+
+// The same from a block's staged patch of the Resize's input (`nn_tc_stage_patch`): pw pixels
+// a row from source row r0 and column c0, 32 bytes (the chunk's 16 channels) a pixel.
+__device__ __forceinline__ void nn_tc_fetch_patch(const uint4* patch, int pw, int r0, int c0,
+                                                  unsigned int v[8], int4 ty, int4 tx)
+{
+    const int tyv[4] = {ty.x - r0, ty.y - r0, ty.z, ty.w}, txv[4] = {tx.x - c0, tx.y - c0, tx.z, tx.w};
+    nn_blend_pixel(nn_taps(tyv, txv, pw), v, [&](long long o, int half8) { return patch[2 * o + half8]; });
 }
 
 // The 16 channels of chunk kc of one tile pixel (source `at`, inside the input), packed in
@@ -521,6 +539,10 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // Channels-last, a 3x3 convolution of stride 2 and dilation 1 (the downsampling layers), fixed
 // as NN_GATHER_CL_3X3.
 #define NN_GATHER_CL_3X3_S2 6
+// NN_GATHER_CL_3X3 through a folded Resize whose source patch the block stages a chunk at a
+// time (NnConv::rs_patch): a separate kernel, so that the 3x3 layers without a Resize keep
+// their registers.
+#define NN_GATHER_CL_3X3_RS 7
 
 // The affine part of an elementwise chain (defined with nn_eltwise below): a folded prologue
 // chain (NnConv::pre) takes each gathered value through it.
@@ -565,6 +587,8 @@ template <>
 struct NnFixedShape<NN_GATHER_CL_3X3> : NnShape<3, 3, 1, 1, 1> {};
 template <>
 struct NnFixedShape<NN_GATHER_CL_3X3_S2> : NnShape<3, 3, 1, 1, 2> {};
+template <>
+struct NnFixedShape<NN_GATHER_CL_3X3_RS> : NnShape<3, 3, 1, 1, 1> {};
 // the paired output convolution is 7x7: 4 virtual taps a row, 2 pixels apart
 template <>
 struct NnFixedShape<NN_GATHER_CL_PAIRED> : NnShape<7, 4, 2, 1, 1> {};
@@ -584,6 +608,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     constexpr bool packed = GATHER == NN_GATHER_TAP_PACKED || GATHER == NN_GATHER_TP_7X7;
     // the gathers that read channels-last inputs (nn_tc_fetch_nhwc)
     constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || (fixed && !packed);
+    constexpr bool staged_resize = GATHER == NN_GATHER_CL_3X3_RS;
     // fixed shape: [tap][n][lane] B fragments (256 bytes a tap and tile), then the tile
     constexpr int b_halves = fixed ? F::kh * F::kw_v * NT * 128 : 0;
     extern __shared__ __align__(16) unsigned short smem[];
@@ -642,6 +667,43 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         const int tail = pre->n_ops > pre->affine_ops ? pre->op_code[pre->affine_ops] : 0;
         pre_slope = tail == NN_EW_RELU ? 0.0f : tail == NN_EW_LEAKY ? pre->op_p0[pre->affine_ops] : 1.0f;
     }
+    // a folded Resize's patch (fixed shapes, p->rs_patch pixels reserved after the table, where
+    // a prologue chain's coefficients would be: the host folds one or the other): the source
+    // rows and columns this block's taps reach, worked out alike by every warp from the axis
+    // tables, staged a chunk at a time so that each source pixel is loaded once a chunk, not
+    // once for each tile pixel it feeds; a block whose patch does not fit reads through the taps
+    uint4* patch = (uint4*)pre_coef;
+    int patch_r0 = 0, patch_c0 = 0, patch_w = 0, patch_px = 0;
+    if (staged_resize && rs_taps && p->rs_patch > 0) {
+        __syncthreads(); // the axis tables are written
+        int lo_r = 0x7fffffff, hi_r = -1, lo_c = 0x7fffffff, hi_c = -1;
+        for (int e = lane; e < rows + scols; e += 32) {
+            if (axis_source[e] < 0)
+                continue;
+            const int4 tp = axis_taps[e];
+            const int lo = min(tp.x, tp.y), hi = max(tp.x, tp.y);
+            if (e < rows) {
+                lo_r = min(lo_r, lo);
+                hi_r = max(hi_r, hi);
+            } else {
+                lo_c = min(lo_c, lo);
+                hi_c = max(hi_c, hi);
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            lo_r = min(lo_r, __shfl_xor_sync(0xffffffffu, lo_r, o));
+            hi_r = max(hi_r, __shfl_xor_sync(0xffffffffu, hi_r, o));
+            lo_c = min(lo_c, __shfl_xor_sync(0xffffffffu, lo_c, o));
+            hi_c = max(hi_c, __shfl_xor_sync(0xffffffffu, hi_c, o));
+        }
+        if (hi_r >= lo_r && hi_c >= lo_c && (hi_r - lo_r + 1) * (hi_c - lo_c + 1) <= p->rs_patch) {
+            patch_r0 = lo_r;
+            patch_c0 = lo_c;
+            patch_w = hi_c - lo_c + 1;
+            patch_px = (hi_r - lo_r + 1) * patch_w;
+        }
+    }
     float acc[2][NT][4];
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -661,6 +723,16 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         __syncthreads(); // the previous chunk's reads (and the table's writes) are done
         if (packed)
             nn_tc_gather_packed(p, source, fixed ? axis_source : nullptr, tile, rows, cols, scols, fill_bits);
+        if (staged_resize && patch_px) {
+            // this chunk's 16 channels of the patch's pixels, two 16-byte loads a pixel
+            const unsigned short* __restrict__ xs = (const unsigned short*)p->x + kc * 16;
+            for (int i = threadIdx.x; i < 2 * patch_px; i += blockDim.x) {
+                const int px = i >> 1, r = px / patch_w, c = px - r * patch_w;
+                const long long pixel = (long long)(patch_r0 + r) * p->rs_w + patch_c0 + c;
+                patch[i] = __ldg((const uint4*)(xs + pixel * p->x_ps) + (i & 1));
+            }
+            __syncthreads();
+        }
         for (int e = threadIdx.x; !packed && e < npx; e += blockDim.x) {
             unsigned int v[8];
             const int r = fixed ? e / cols : 0, c = fixed ? e % cols : 0;
@@ -672,7 +744,10 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                     tx = fixed ? axis_taps[rows + c] : __ldg((const int4*)rs_taps + p->h + at.y);
                 }
                 if (cl_gather) {
-                    nn_tc_fetch_nhwc(p, kc, at, v, ty, tx);
+                    if (staged_resize && patch_px)
+                        nn_tc_fetch_patch(patch, patch_w, patch_r0, patch_c0, v, ty, tx);
+                    else
+                        nn_tc_fetch_nhwc(p, kc, at, v, ty, tx);
                     if (pre)
                         nn_tc_pre_apply(pre_coef + kc * 16, pre_slope, v);
                 } else
@@ -909,6 +984,12 @@ extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
 // (eight tiles at 128 registers, 4 blocks a multiprocessor: it fits without spills, 142 unbounded)
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3>(p); }
+// (one and two tiles at 7 and 6 blocks a multiprocessor, 72 and 80 registers: at 64 the patch's
+// bookkeeping spills 32 bytes)
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 7) nn_conv_mma_hh_1_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3_RS>(p); }
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_2_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_RS>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3_RS>(p); }
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3_RS>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3_S2>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_S2>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3_S2>(p); }

@@ -553,11 +553,16 @@ fn tensor_core_chains_store_channels_last() {
                     .count()
             };
             use MmaGather::{
-                ChannelsLast, ChannelsLast3x3, ChannelsLast3x3S2, ChannelsLastPaired, TapPacked,
-                TapPacked7x7,
+                ChannelsLast, ChannelsLast3x3, ChannelsLast3x3Resize, ChannelsLast3x3S2,
+                ChannelsLastPaired, TapPacked, TapPacked7x7,
             };
-            let cl_convs = count(&[ChannelsLast, ChannelsLast3x3, ChannelsLast3x3S2]);
-            let compiled_3x3 = count(&[ChannelsLast3x3, ChannelsLast3x3S2]);
+            let cl_convs = count(&[
+                ChannelsLast,
+                ChannelsLast3x3,
+                ChannelsLast3x3Resize,
+                ChannelsLast3x3S2,
+            ]);
+            let compiled_3x3 = count(&[ChannelsLast3x3, ChannelsLast3x3Resize, ChannelsLast3x3S2]);
             let packed = count(&[TapPacked, TapPacked7x7]);
             let stem_7x7 = count(&[TapPacked7x7]);
             let paired = count(&[ChannelsLastPaired]);
@@ -932,6 +937,124 @@ fn folded_chains_operands_outlive_their_convolution() {
     println!("{folded} folded chains checked");
     // tiny_16 and the real tiny fold their modulated normalization
     assert!(folded >= 1);
+}
+
+/// A fixed 3x3 over a folded Resize stages the Resize's input pixels its taps reach
+/// (`resize_patch`): for every block, every tile pixel's four taps (worked out here pixel by
+/// pixel, with the padding reflected as the CPU reference does) lie in a box of at most
+/// `rs_patch` pixels, and some block needs all of them. Without the fusion the plain fixed 3x3
+/// runs (no GPU needed to plan).
+#[test]
+fn resize_convolutions_stage_their_source_patch() {
+    use gsttoonflow::cuda::neural::program::{MmaGather, NnConv, TC_COLS, TC_ROWS, build};
+    let mut models = generated();
+    models.push((
+        NeuralModel::from_bytes(&encode_model(&hayao_like()), "hayao_like").unwrap(),
+        200,
+        136,
+    ));
+    models.extend(real_tiny().map(|m| (m, 320, 192)));
+    let mut checked = 0;
+    for (model, w, h) in &models {
+        let spec = model.specialise(*h, *w).unwrap();
+        for fusions in [
+            Fusions::ALL,
+            Fusions {
+                resize_patch: false,
+                ..Fusions::ALL
+            },
+        ] {
+            let storage = Storage {
+                fusions,
+                ..Storage::uniform(spec.stage_count(), true)
+            };
+            let p = build(&spec, &storage, 0, 0).unwrap();
+            for l in &p.launches {
+                let Kernel::ConvMma(_, _, gather) = l.kernel else {
+                    continue;
+                };
+                let c: NnConv = params(&p, l);
+                if c.rs_taps == 0 || (c.kh, c.kw, c.sh, c.sw) != (3, 3, 1, 1) || c.x_ps == 1 {
+                    continue;
+                }
+                if !fusions.resize_patch {
+                    assert_eq!((gather, c.rs_patch), (MmaGather::ChannelsLast3x3, 0));
+                    continue;
+                }
+                assert_eq!(gather, MmaGather::ChannelsLast3x3Resize, "{}", model.name());
+                let at = c.rs_taps as usize;
+                let taps: Vec<i32> = (0..4 * (c.h + c.w_in) as usize)
+                    .map(|k| {
+                        i32::from_le_bytes(
+                            p.static_init[at + 4 * k..at + 4 * k + 4]
+                                .try_into()
+                                .unwrap(),
+                        )
+                    })
+                    .collect();
+                // reflect (the models' pad) of padded coordinate i over n
+                let source = |i: i32, padded: i32, pad: i32, n: i32| -> Option<usize> {
+                    if i < 0 || i >= padded {
+                        return None;
+                    }
+                    let mut s = i - pad;
+                    while s < 0 || s >= n {
+                        s = if s < 0 { -s } else { 2 * (n - 1) - s };
+                    }
+                    Some(s as usize)
+                };
+                assert_eq!(c.pad_mode, 1, "the generated models reflect");
+                let mut most = 0;
+                for by in 0..(c.oh as u32).div_ceil(TC_ROWS) {
+                    for bx in 0..(c.ow as u32).div_ceil(TC_COLS) {
+                        let (y0, x0) = (
+                            (by * TC_ROWS) as i32 - c.conv_pt,
+                            (bx * TC_COLS) as i32 - c.conv_pl,
+                        );
+                        let (mut r0, mut r1, mut c0, mut c1) = (i32::MAX, -1, i32::MAX, -1);
+                        for r in 0..TC_ROWS as i32 + 2 {
+                            for q in 0..TC_COLS as i32 + 2 {
+                                let (Some(sy), Some(sx)) = (
+                                    source(y0 + r, c.hp, c.pad_t, c.h),
+                                    source(x0 + q, c.wp, c.pad_l, c.w_in),
+                                ) else {
+                                    continue;
+                                };
+                                let ty = &taps[4 * sy..4 * sy + 2];
+                                let tx =
+                                    &taps[4 * (c.h as usize + sx)..4 * (c.h as usize + sx) + 2];
+                                r0 = r0.min(ty[0].min(ty[1]));
+                                r1 = r1.max(ty[0].max(ty[1]));
+                                c0 = c0.min(tx[0].min(tx[1]));
+                                c1 = c1.max(tx[0].max(tx[1]));
+                            }
+                        }
+                        let area = (r1 - r0 + 1) * (c1 - c0 + 1);
+                        assert!(
+                            area <= c.rs_patch,
+                            "{}: block ({bx}, {by}) needs {area} > {}",
+                            model.name(),
+                            c.rs_patch
+                        );
+                        most = most.max(area);
+                    }
+                }
+                println!(
+                    "{} {}x{} <- {}x{}: patch {} pixels (tile {}), the largest block needs {most}",
+                    model.name(),
+                    c.ow,
+                    c.oh,
+                    c.rs_w,
+                    c.rs_h,
+                    c.rs_patch,
+                    (TC_ROWS + 2) * (TC_COLS + 2)
+                );
+                assert!(most <= c.rs_patch && 2 * most >= c.rs_patch);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 3, "{checked} staged Resize convolutions");
 }
 
 /// f32 → f16 bits against nprec's emulation (round to nearest even) over many magnitudes.

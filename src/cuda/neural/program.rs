@@ -165,7 +165,9 @@ pub struct NnConv {
     /// Tensor-core path: the first output row of this launch (a banded convolution runs as
     /// several launches of consecutive row bands, `Band`), else 0.
     pub row0: i32,
-    pub align: i32,
+    /// Fixed-shape channels-last kernels with a folded Resize: the source pixels a block may
+    /// stage in shared memory (`resize_patch`), 0: the gather reads through the taps.
+    pub rs_patch: i32,
 }
 }
 
@@ -407,6 +409,10 @@ pub enum MmaGather {
     /// As `ChannelsLast3x3` for stride 2 (at most 4 channel tiles a block: with 8 its tile,
     /// table and B fragments would pass 48 KiB).
     ChannelsLast3x3S2,
+    /// As `ChannelsLast3x3` through a folded Resize: the block stages the source pixels its
+    /// taps reach once a chunk (`NnConv::rs_patch`, `resize_patch`) instead of loading four
+    /// for every tile pixel.
+    ChannelsLast3x3Resize,
     /// Tap-packed as `TapPacked`, a 7x7 convolution of stride 1 and dilation 1 over at most 4
     /// channels (the stem: 4 taps a virtual tap), its shape compiled in as `ChannelsLast3x3`'s.
     TapPacked7x7,
@@ -417,7 +423,9 @@ impl MmaGather {
     /// from the parameter block).
     pub const fn fixed_taps(self) -> u32 {
         match self {
-            MmaGather::ChannelsLast3x3 | MmaGather::ChannelsLast3x3S2 => 9,
+            MmaGather::ChannelsLast3x3
+            | MmaGather::ChannelsLast3x3S2
+            | MmaGather::ChannelsLast3x3Resize => 9,
             MmaGather::TapPacked7x7 => 7 * 2,
             MmaGather::ChannelsLastPaired => 7 * 4,
             _ => 0,
@@ -445,7 +453,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 43;
+    pub const COUNT: usize = 47;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -477,6 +485,12 @@ impl Kernel {
         let mut t = 0;
         while t < TILES.len() {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::ChannelsLast3x3);
+            n += 1;
+            t += 1;
+        }
+        let mut t = 0;
+        while t < TILES.len() {
+            all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::ChannelsLast3x3Resize);
             n += 1;
             t += 1;
         }
@@ -548,6 +562,10 @@ impl Kernel {
             Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_2_c3",
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
+            Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_1_c3r",
+            Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_2_c3r",
+            Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_4_c3r",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_8_c3r",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_1_c3s2",
             Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_2_c3s2",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_4_c3s2",
@@ -652,6 +670,9 @@ pub struct Fusions {
     /// Per-channel affine chains taken into the next convolution's gather (`prologue_chain`).
     /// `TOONFLOW_NEURAL_PROLOGUE=0` turns it off.
     pub prologue: bool,
+    /// A folded Resize's source patch staged once a chunk by the fixed-shape kernels
+    /// (`resize_patch`). `TOONFLOW_NEURAL_PATCH=0` turns it off.
+    pub resize_patch: bool,
 }
 
 impl Fusions {
@@ -660,12 +681,14 @@ impl Fusions {
         paired: true,
         fixed_shapes: true,
         prologue: true,
+        resize_patch: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
         paired: false,
         fixed_shapes: false,
         prologue: false,
+        resize_patch: false,
     };
 
     pub fn from_env() -> Self {
@@ -674,6 +697,7 @@ impl Fusions {
             paired: switch("TOONFLOW_NEURAL_PAIRED", true),
             fixed_shapes: switch("TOONFLOW_NEURAL_3X3", true),
             prologue: switch("TOONFLOW_NEURAL_PROLOGUE", true),
+            resize_patch: switch("TOONFLOW_NEURAL_PATCH", true),
         }
     }
 }
@@ -904,7 +928,9 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
     let (rows, cols) = tc_tile(k, stride, dil);
     let entries = rows + cols;
     let axis = 16 * (entries.div_ceil(4) + entries);
-    (rows * cols * TC_PIX * 2 + axis) as u32 + pre + b_stage_bytes(taps, nt)
+    // a folded Resize's patch where a prologue chain's coefficients would be (one or the other)
+    let patch = 32 * p.rs_patch.max(0) as u32;
+    (rows * cols * TC_PIX * 2 + axis) as u32 + pre.max(patch) + b_stage_bytes(taps, nt)
 }
 
 /// The elementwise chain a tensor-core convolution (stage `conv`, its input `x_name`, its output at `y`)
@@ -977,12 +1003,71 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
     match gather {
         MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1),
         MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 4,
+        MmaGather::ChannelsLast3x3Resize => {
+            shape == (3, 3, 1, 1, 1, 1, 1) && p.rs_taps != 0 && p.rs_patch > 0
+        }
         MmaGather::TapPacked7x7 => {
             shape == (7, 7, 1, 1, 1, 1, 4) && tap_slot(p.cin as usize) == 4 && p.n_tiles <= 4
         }
         MmaGather::ChannelsLastPaired => shape == (7, 7, 1, 1, 1, 1, 1) && p.n_tiles == 1,
         _ => true,
     }
+}
+
+/// Source pixels of a folded Resize that a fixed-shape block stages (`NnConv::rs_patch`): the
+/// most rows times the most columns of the Resize's input that one block's taps reach (`taps`:
+/// the rows' then the columns' entries of 4 ints, as `resize_taps`), worked out as neural.cu
+/// does from its axis tables: the tile's rows and columns of the padded input, their sources
+/// after the pad, the two taps of each. The kernel checks its own block against it.
+pub fn resize_patch(p: &NnConv, taps: &[i32]) -> u32 {
+    use crate::neural::ops::pad::{PadMode, source_index};
+    let mode = match p.pad_mode {
+        1 => PadMode::Reflect,
+        2 => PadMode::Edge,
+        _ => PadMode::Constant,
+    };
+    let (rows, cols) = tc_tile(
+        (p.kh as usize, p.kw as usize),
+        (p.sh as i64, p.sw as i64),
+        (p.dh as i64, p.dw as i64),
+    );
+    // one axis: blocks of `outputs` outputs, the tile's `len` padded coordinates from
+    // block * outputs * stride - conv_pad; its table entries from `table`
+    let extent = |n_out: i32,
+                  outputs: u32,
+                  stride: i32,
+                  conv_pad: i32,
+                  len: usize,
+                  padded: i32,
+                  pad: i32,
+                  n: i32,
+                  table: &[i32]| {
+        let mut most = 0;
+        for block in 0..(n_out.max(0) as u32).div_ceil(outputs) {
+            let start = (block * outputs) as i32 * stride - conv_pad;
+            let (mut lo, mut hi) = (i32::MAX, -1);
+            for i in (start..start + len as i32).filter(|i| (0..padded).contains(i)) {
+                let Some(s) = source_index((i - pad) as i64, n as usize, mode) else {
+                    continue;
+                };
+                let (t0, t1) = (table[4 * s], table[4 * s + 1]);
+                lo = lo.min(t0.min(t1));
+                hi = hi.max(t0.max(t1));
+            }
+            if hi >= lo {
+                most = most.max((hi - lo + 1) as u32);
+            }
+        }
+        most
+    };
+    let (row_table, col_table) = taps.split_at(4 * p.h as usize);
+    let most_rows = extent(
+        p.oh, TC_ROWS, p.sh, p.conv_pt, rows, p.hp, p.pad_t, p.h, row_table,
+    );
+    let most_cols = extent(
+        p.ow, TC_COLS, p.sw, p.conv_pl, cols, p.wp, p.pad_l, p.w_in, col_table,
+    );
+    most_rows * most_cols
 }
 
 /// Shared memory a fixed-shape block (`MmaGather::fixed_taps`) stages its chunk's B fragments
@@ -2052,10 +2137,9 @@ pub fn build(
                         let rs = l.shapes[&rn.input[0]].clone();
                         let taps =
                             resize_taps(l, rn, &rs, &xs).map_err(|m| unsupported(r, s, m))?;
-                        let taps = st.put(bytemuck::cast_slice(&taps));
                         (
                             place(&places, &mut st, &rn.input[0])?,
-                            Some((taps, rs)),
+                            Some((st.put(bytemuck::cast_slice(&taps)), rs, taps)),
                             false,
                         )
                     }
@@ -2221,7 +2305,7 @@ pub fn build(
                 );
                 // the strides of what the gather reads: the input, or a folded Resize's input
                 let (h, w) = match &resize {
-                    Some((_, rs)) => (rs[2] as i32, rs[3] as i32),
+                    Some((_, rs, _)) => (rs[2] as i32, rs[3] as i32),
                     None => (xs[2] as i32, xs[3] as i32),
                 };
                 // (channel, row, pixel) strides of an NHWC or NCHW tensor
@@ -2329,7 +2413,7 @@ pub fn build(
                     res_half: res.is_some_and(|r| r.half) as i32,
                     pack: pack as i32,
                     row0: 0,
-                    align: 0,
+                    rs_patch: 0,
                 };
                 if mma {
                     // a paired block row gives TC_COLS - 1 outputs (a warp's last A row only
@@ -2365,6 +2449,29 @@ pub fn build(
                             storage.fusions.fixed_shapes && fixed_shape_matches(f, &p, nt as u8)
                         })
                         .unwrap_or(general);
+                    // a fixed 3x3 over a folded Resize stages the source pixels its taps reach,
+                    // where they fit and are fewer than the tile's pixels
+                    let (gather, p) = match &resize {
+                        Some((_, _, taps))
+                            if storage.fusions.resize_patch
+                                && gather == MmaGather::ChannelsLast3x3 =>
+                        {
+                            let staged = NnConv {
+                                rs_patch: resize_patch(&p, taps) as i32,
+                                ..p
+                            };
+                            let g = MmaGather::ChannelsLast3x3Resize;
+                            let (rows, cols) = tc_tile((3, 3), (1, 1), (1, 1));
+                            if conv_shared_bytes(g, nt as u8, &staged) <= 48 * 1024
+                                && (staged.rs_patch as usize) < rows * cols
+                            {
+                                (g, staged)
+                            } else {
+                                (gather, p)
+                            }
+                        }
+                        _ => (gather, p),
+                    };
                     let kernel = Kernel::ConvMma(y.half, nt as u8, gather);
                     let gz = (n_tiles as u32).div_ceil(nt);
                     // the affine chain right before it, taken into the gather (the chain's own

@@ -33,7 +33,7 @@ impl PadMode {
 
 /// The source index along one axis of length `n` for padded coordinate `i` (already shifted
 /// by the begin pad), or `None` for the constant fill.
-fn source_index(i: i64, n: usize, mode: PadMode) -> Option<usize> {
+pub fn source_index(i: i64, n: usize, mode: PadMode) -> Option<usize> {
     let n = n as i64;
     if (0..n).contains(&i) {
         return Some(i as usize);
