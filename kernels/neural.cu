@@ -658,7 +658,8 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     }
     // a folded prologue chain (channels-last gathers, cin <= NN_PRE_MAX): every channel's
     // coefficients once a block, after the table (its full or separable size)
-    const NnEltwise* __restrict__ pre = cl_gather ? (const NnEltwise*)p->pre : nullptr;
+    // (never with a staged Resize patch: the patch takes the coefficients' place)
+    const NnEltwise* __restrict__ pre = cl_gather && !staged_resize ? (const NnEltwise*)p->pre : nullptr;
     float* pre_coef = (float*)source + (fixed ? 4 * ((rows + scols + 3) / 4 + rows + scols) : 2 * rows * scols);
     float pre_slope = 1.0f;
     if (cl_gather && pre) {

@@ -1004,7 +1004,8 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
         MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1),
         MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 4,
         MmaGather::ChannelsLast3x3Resize => {
-            shape == (3, 3, 1, 1, 1, 1, 1) && p.rs_taps != 0 && p.rs_patch > 0
+            // the patch sits where a prologue chain's coefficients would: never both
+            shape == (3, 3, 1, 1, 1, 1, 1) && p.rs_taps != 0 && p.rs_patch > 0 && p.pre == 0
         }
         MmaGather::TapPacked7x7 => {
             shape == (7, 7, 1, 1, 1, 1, 4) && tap_slot(p.cin as usize) == 4 && p.n_tiles <= 4
@@ -2462,7 +2463,8 @@ pub fn build(
                             };
                             let g = MmaGather::ChannelsLast3x3Resize;
                             let (rows, cols) = tc_tile((3, 3), (1, 1), (1, 1));
-                            if conv_shared_bytes(g, nt as u8, &staged) <= 48 * 1024
+                            if staged.rs_patch > 0
+                                && conv_shared_bytes(g, nt as u8, &staged) <= 48 * 1024
                                 && (staged.rs_patch as usize) < rows * cols
                             {
                                 (g, staged)
