@@ -960,8 +960,8 @@ fn folded_chains_operands_outlive_their_convolution() {
 /// A fixed 3x3 over a folded Resize stages the Resize's input pixels its taps reach
 /// (`resize_patch`): for every block, every tile pixel's four taps (worked out here pixel by
 /// pixel, with the padding reflected as the CPU reference does) lie in a box of at most
-/// `rs_patch` pixels, and some block needs all of them. Without the fusion the plain fixed 3x3
-/// runs (no GPU needed to plan).
+/// `rs_patch` pixels, and some block needs all of them. It runs at eight channel tiles only
+/// (where it measured faster); without the fusion it never runs (no GPU needed to plan).
 #[test]
 fn resize_convolutions_stage_their_source_patch() {
     use gsttoonflow::cuda::neural::program::{MmaGather, NnConv, TC_COLS, TC_ROWS, build};
@@ -970,6 +970,13 @@ fn resize_convolutions_stage_their_source_patch() {
         NeuralModel::from_bytes(&encode_model(&hayao_like()), "hayao_like").unwrap(),
         200,
         136,
+    ));
+    // (wide enough for eight-tile convolutions over its Resizes)
+    let hayao_class = onnx_models::hayao_like_channels([32, 64, 128, 256], "hayao_class");
+    models.push((
+        NeuralModel::from_bytes(&encode_model(&hayao_class), "hayao_class").unwrap(),
+        1920,
+        1080,
     ));
     models.extend(real_tiny().map(|m| (m, 320, 192)));
     let mut checked = 0;
@@ -988,15 +995,16 @@ fn resize_convolutions_stage_their_source_patch() {
             };
             let p = build(&spec, &storage, 0, 0).unwrap();
             for l in &p.launches {
-                let Kernel::ConvMma(_, _, gather) = l.kernel else {
+                let Kernel::ConvMma(_, nt, gather) = l.kernel else {
                     continue;
                 };
                 let c: NnConv = params(&p, l);
                 if c.rs_taps == 0 || (c.kh, c.kw, c.sh, c.sw) != (3, 3, 1, 1) || c.x_ps == 1 {
                     continue;
                 }
-                if !fusions.resize_patch {
-                    assert_eq!((gather, c.rs_patch), (MmaGather::ChannelsLast3x3, 0));
+                if !fusions.resize_patch || nt != 8 {
+                    assert_ne!(gather, MmaGather::ChannelsLast3x3Resize);
+                    assert_eq!(c.rs_patch, 0);
                     continue;
                 }
                 assert_eq!(gather, MmaGather::ChannelsLast3x3Resize, "{}", model.name());
@@ -1072,7 +1080,7 @@ fn resize_convolutions_stage_their_source_patch() {
             }
         }
     }
-    assert!(checked >= 3, "{checked} staged Resize convolutions");
+    assert!(checked >= 2, "{checked} staged Resize convolutions");
 }
 
 /// f32 → f16 bits against nprec's emulation (round to nearest even) over many magnitudes.

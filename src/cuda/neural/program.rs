@@ -453,7 +453,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 47;
+    pub const COUNT: usize = 42;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -482,24 +482,15 @@ impl Kernel {
             n += 1;
             t += 1;
         }
-        let mut t = 0;
-        while t < TILES.len() {
-            all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::ChannelsLast3x3);
-            n += 1;
-            t += 1;
-        }
-        let mut t = 0;
-        while t < TILES.len() {
-            all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::ChannelsLast3x3Resize);
-            n += 1;
-            t += 1;
-        }
-        let mut t = 0;
-        while t < 3 {
-            all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::ChannelsLast3x3S2);
-            n += 1;
-            t += 1;
-        }
+        // the fixed 3x3 shapes at the tile counts where they beat the general gather
+        // (`fixed_shape_matches`)
+        all[n] = Kernel::ConvMma(true, 1, MmaGather::ChannelsLast3x3);
+        all[n + 1] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3);
+        all[n + 2] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3);
+        all[n + 3] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3Resize);
+        all[n + 4] = Kernel::ConvMma(true, 1, MmaGather::ChannelsLast3x3S2);
+        all[n + 5] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3S2);
+        n += 6;
         let mut t = 0;
         while t < 3 {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked7x7);
@@ -560,15 +551,10 @@ impl Kernel {
             Kernel::ConvMma(_, _, MmaGather::TapPacked) => "nn_conv_mma_hh_8_tp",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_1_c3",
             Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_2_c3",
-            Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
-            Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_1_c3r",
-            Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_2_c3r",
-            Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_4_c3r",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_8_c3r",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_1_c3s2",
-            Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_2_c3s2",
-            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_4_c3s2",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_2_c3s2",
             Kernel::ConvMma(_, 1, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_1_t7",
             Kernel::ConvMma(_, 2, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_2_t7",
             Kernel::ConvMma(_, _, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_4_t7",
@@ -997,15 +983,23 @@ fn prologue_chain(
 }
 
 /// Whether a launch's parameters have the shape its fixed-shape kernel compiles in (always true
-/// for the general kernels): kernel/stride/dilation/pack as `NnFixedShape` in neural.cu.
+/// for the general kernels): kernel/stride/dilation/pack as `NnFixedShape` in neural.cu, at the
+/// tile counts where the fixed kernel is the faster one. Measured with ncu on the H200
+/// (2026-12-05, tiny and hayao_class at 1080p): the 3x3 shapes beat the general gather at 1,
+/// 2 and 8 tiles (8: 245-550 µs against 310-675) and lose at 4 (5-10 % slower on every
+/// layer); the staged Resize patch wins at 8 tiles (3-4 %) and loses at 2 and 4 (up to 27 %).
 pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
     let shape = (p.kh, p.kw, p.sh, p.sw, p.dh, p.dw, p.pack);
     match gather {
-        MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1),
-        MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 4,
+        MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1) && nt != 4,
+        MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 2,
         MmaGather::ChannelsLast3x3Resize => {
             // the patch sits where a prologue chain's coefficients would: never both
-            shape == (3, 3, 1, 1, 1, 1, 1) && p.rs_taps != 0 && p.rs_patch > 0 && p.pre == 0
+            shape == (3, 3, 1, 1, 1, 1, 1)
+                && nt == 8
+                && p.rs_taps != 0
+                && p.rs_patch > 0
+                && p.pre == 0
         }
         MmaGather::TapPacked7x7 => {
             shape == (7, 7, 1, 1, 1, 1, 4) && tap_slot(p.cin as usize) == 4 && p.n_tiles <= 4
@@ -2463,7 +2457,7 @@ pub fn build(
                             };
                             let g = MmaGather::ChannelsLast3x3Resize;
                             let (rows, cols) = tc_tile((3, 3), (1, 1), (1, 1));
-                            if staged.rs_patch > 0
+                            if fixed_shape_matches(g, &staged, nt as u8)
                                 && conv_shared_bytes(g, nt as u8, &staged) <= 48 * 1024
                                 && (staged.rs_patch as usize) < rows * cols
                             {
