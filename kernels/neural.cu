@@ -975,7 +975,8 @@ extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hf_8_cl(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CHANNELS_LAST>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CHANNELS_LAST>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CHANNELS_LAST>(p); }
-extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CHANNELS_LAST>(p); }
+// (eight tiles at 128 registers, 4 blocks a multiprocessor instead of 3: no spills, 148 unbounded)
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CHANNELS_LAST>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TAP_PACKED>(p); }
