@@ -599,6 +599,78 @@ struct NnFixedShape<NN_GATHER_TP_7X7> : NnShape<7, 2, 4, 4, 1> {};
 // latency-bound on their gathers) are held to 64 so that eight blocks share a multiprocessor.
 #define NN_TC_BOUNDS(NT) __launch_bounds__(32 * NN_TC_ROWS, (NT) <= 2 ? 8 : 1)
 
+// One 16-byte cp.async (global -> shared, cached in L2 only: a tile pixel is read again by the
+// neighbouring blocks, not by this one).
+__device__ __forceinline__ void nn_cp_async16(void* dst, const void* src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(nn_smem_addr(dst)), "l"(src) : "memory");
+}
+
+// A double-buffered fixed-shape block's copies of chunk kc (NnConv::stages): its tile pixels
+// from the channels-last input (two 16-byte copies a pixel; the Pad's fill and the zero
+// padding stored directly), then its B fragments as the single-buffered path stages them; one
+// cp.async group.
+template <typename F, int NT>
+__device__ __forceinline__ void nn_tc_issue_chunk(const NnConv* __restrict__ p, int kc, unsigned short* b_stage,
+                                                  unsigned short* tile, const int* axis_source, int rows,
+                                                  int cols, int npx, int ntn, int nt0, int chunks)
+{
+    const unsigned short* __restrict__ x = (const unsigned short*)p->x + kc * 16;
+    const unsigned short fill_bits = float_to_half_bits(p->pad_value);
+    for (int e = threadIdx.x; e < npx; e += blockDim.x) {
+        const int2 at = nn_tc_combine(axis_source[e / cols], axis_source[rows + e % cols]);
+        uint4* dst = (uint4*)(tile + e * NN_TC_PIX);
+        if (at.x >= 0) {
+            const uint4* src = (const uint4*)(x + (long long)at.x * p->x_rs + (long long)at.y * p->x_ps);
+            nn_cp_async16(dst, src);
+            nn_cp_async16(dst + 1, src + 1);
+        } else {
+            // (channels-last inputs have a multiple of 16 channels: every channel is real)
+            const unsigned int f = at.x == -1 ? 0u : nn_pack2(fill_bits, fill_bits);
+            dst[0] = dst[1] = make_uint4(f, f, f, f);
+        }
+    }
+    const uint2* __restrict__ wf = (const uint2*)p->wh;
+    uint4* staged_b = (uint4*)b_stage;
+    for (int i = threadIdx.x; i < F::kh * F::kw_v * NT * 16; i += blockDim.x) {
+        const int tap = i / (NT * 16), w = i % (NT * 16);
+        const uint4* run = (const uint4*)(wf + ((long long)(tap * chunks + kc) * p->n_tiles + nt0) * 32);
+        if (w < ntn * 16)
+            nn_cp_async16(staged_b + i, run + w);
+        else
+            staged_b[i] = make_uint4(0, 0, 0, 0);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// A fixed-shape block's products for one chunk: the unrolled tap loop over its tile (this
+// lane's ldmatrix address lane_addr) and its staged B fragments (this lane's at staged_b).
+template <typename F, int NT>
+__device__ __forceinline__ void nn_tc_taps_fixed(unsigned int lane_addr, int cols, const uint2* staged_b,
+                                                 float (&acc)[2][NT][4])
+{
+#pragma unroll
+    for (int tap = 0; tap < F::kh * F::kw_v; tap++) {
+        const unsigned int addr = lane_addr + ((tap / F::kw_v) * cols + (tap % F::kw_v) * F::dw_v) * NN_TC_PIX * 2;
+        unsigned int a[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3])
+                         : "r"(addr + m * 16 * F::s * NN_TC_PIX * 2));
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const uint2 b = staged_b[(tap * NT + n) * 32];
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+                asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                    : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])
+                    : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b.x), "r"(b.y));
+        }
+    }
+}
+
 template <typename O, int NT, int GATHER>
 __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 {
@@ -609,10 +681,14 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // the gathers that read channels-last inputs (nn_tc_fetch_nhwc)
     constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || (fixed && !packed);
     constexpr bool staged_resize = GATHER == NN_GATHER_CL_3X3_RS;
+    // a double-buffered block (NnConv::stages, the host sets it only for a fixed 3x3 with a
+    // direct channels-last gather): chunk kc + 1's tile and B fragments are copied with
+    // cp.async while chunk kc's products run; [B 0][B 1][tile 0][tile 1], then the table
+    const bool piped = GATHER == NN_GATHER_CL_3X3 && p->stages == 2;
     // fixed shape: [tap][n][lane] B fragments (256 bytes a tap and tile), then the tile
     constexpr int b_halves = fixed ? F::kh * F::kw_v * NT * 128 : 0;
     extern __shared__ __align__(16) unsigned short smem[];
-    unsigned short* tile = smem + b_halves;
+    unsigned short* tile = smem + (piped ? 2 : 1) * b_halves;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const bool paired = GATHER == NN_GATHER_CL_PAIRED;
@@ -637,7 +713,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const uint2* __restrict__ wf = (const uint2*)p->wh;
     const unsigned short fill_bits = float_to_half_bits(p->pad_value);
     // the pixel table (rows x scols) sits after the tile (npx * 48 bytes, a multiple of 16)
-    int2* source = (int2*)(tile + npx * NN_TC_PIX);
+    int2* source = (int2*)(tile + (piped ? 2 : 1) * npx * NN_TC_PIX);
     // fixed shape: a tile pixel's source is its row's and its column's (nn_tc_axis_source), so
     // the table holds rows + scols entries, not rows x scols
     // and, with a folded Resize, each entry's 4 ints of the tap tables after them (16-byte
@@ -720,7 +796,40 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const unsigned int kx_step = dw_v * NN_TC_PIX * 2;
     const unsigned int ky_step = p->dh * cols * NN_TC_PIX * 2;
     const long long tap_step = (long long)chunks * p->n_tiles * 32;
-    for (int kc = 0; kc < chunks; kc++) {
+    if (piped) {
+        __syncthreads(); // the table and the prologue's coefficients are written
+        nn_tc_issue_chunk<F, NT>(p, 0, smem, tile, axis_source, rows, cols, npx, ntn, nt0, chunks);
+        for (int kc = 0; kc < chunks; kc++) {
+            const int buf = kc & 1;
+            if (kc + 1 < chunks) {
+                __syncthreads(); // chunk kc - 1's products (buffer buf ^ 1) are done
+                nn_tc_issue_chunk<F, NT>(p, kc + 1, smem + (buf ^ 1) * b_halves,
+                                         tile + (buf ^ 1) * npx * NN_TC_PIX, axis_source, rows, cols,
+                                         npx, ntn, nt0, chunks);
+                asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            } else {
+                asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            }
+            unsigned short* t = tile + buf * npx * NN_TC_PIX;
+            if (pre) {
+                // this thread's own copies have landed: take them through the chain in place
+                for (int e = threadIdx.x; e < npx; e += blockDim.x) {
+                    if (nn_tc_combine(axis_source[e / cols], axis_source[rows + e % cols]).x < 0)
+                        continue;
+                    uint4* px = (uint4*)(t + e * NN_TC_PIX);
+                    const uint4 q0 = px[0], q1 = px[1];
+                    unsigned int v[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+                    nn_tc_pre_apply(pre_coef + kc * 16, pre_slope, v);
+                    px[0] = make_uint4(v[0], v[1], v[2], v[3]);
+                    px[1] = make_uint4(v[4], v[5], v[6], v[7]);
+                }
+            }
+            __syncthreads();
+            nn_tc_taps_fixed<F, NT>(lane_addr + buf * npx * NN_TC_PIX * 2, cols,
+                                    (const uint2*)(smem + buf * b_halves) + lane, acc);
+        }
+    }
+    for (int kc = 0; !piped && kc < chunks; kc++) {
         __syncthreads(); // the previous chunk's reads (and the table's writes) are done
         if (packed)
             nn_tc_gather_packed(p, source, fixed ? axis_source : nullptr, tile, rows, cols, scols, fill_bits);
@@ -779,29 +888,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         }
         __syncthreads();
         if (fixed) {
-            const uint2* staged_b = (const uint2*)smem + lane;
-#pragma unroll
-            for (int tap = 0; tap < F::kh * F::kw_v; tap++) {
-                const unsigned int addr = lane_addr + ((tap / F::kw_v) * cols + (tap % F::kw_v) * F::dw_v) * NN_TC_PIX * 2;
-                unsigned int a[2][4];
-#pragma unroll
-                for (int m = 0; m < 2; m++)
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                                 : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3])
-                                 : "r"(addr + m * 16 * F::s * NN_TC_PIX * 2));
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    const uint2 b = staged_b[(tap * NT + n) * 32];
-#pragma unroll
-                    for (int m = 0; m < 2; m++)
-                        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                            : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]),
-                              "+f"(acc[m][n][3])
-                            : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b.x),
-                              "r"(b.y));
-                }
-            }
+            nn_tc_taps_fixed<F, NT>(lane_addr, cols, (const uint2*)smem + lane, acc);
             continue;
         }
         // the taps in one flat loop, the next tap's B fragments loaded while this tap's
@@ -988,6 +1075,7 @@ extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3_RS>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3_S2>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_S2>(p); }
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3_S2>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TP_7X7>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TP_7X7>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TP_7X7>(p); }

@@ -88,23 +88,35 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<NeuralKernels>, CudaError> 
     let (_, (major, minor)) = describe(ctx)?;
     let arch = format!("sm_{major}{minor}");
     let (ptx, compile_ms) = compile(&arch)?;
-    let k = guard("loading the neural kernels", || {
-        let module = ctx
-            .load_module(Ptx::from_src(ptx))
-            .map_err(driver("cuModuleLoadData (neural.cu)"))?;
-        let mut functions = HashMap::new();
-        for name in KERNEL_NAMES {
-            let f = module
-                .load_function(name)
-                .map_err(driver(format!("kernel {name}")))?;
-            functions.insert(name, f);
-        }
-        Ok(NeuralKernels {
-            functions,
-            compile_ms,
-            arch: arch.clone(),
-        })
-    })?;
+    let k =
+        guard("loading the neural kernels", || {
+            let module = ctx
+                .load_module(Ptx::from_src(ptx))
+                .map_err(driver("cuModuleLoadData (neural.cu)"))?;
+            let mut functions = HashMap::new();
+            for kernel in Kernel::ALL {
+                let name = kernel.name();
+                let f = module
+                    .load_function(name)
+                    .map_err(driver(format!("kernel {name}")))?;
+                // the tensor-core convolutions may take more than the default 48 KiB of dynamic
+                // shared memory (the double-buffered fixed 3x3); their mma.sync needs sm_80, where
+                // every card allows at least 99 KiB a block
+                if matches!(kernel, Kernel::ConvMma(..)) && major >= 8 {
+                    f.set_attribute(
+                    sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    program::TC_SHARED_OPT_IN as i32,
+                )
+                .map_err(driver(format!("cuFuncSetAttribute ({name}, dynamic shared memory)")))?;
+                }
+                functions.insert(name, f);
+            }
+            Ok(NeuralKernels {
+                functions,
+                compile_ms,
+                arch: arch.clone(),
+            })
+        })?;
     let k = Arc::new(k);
     modules.insert(key, k.clone());
     Ok(k)

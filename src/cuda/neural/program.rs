@@ -168,6 +168,11 @@ pub struct NnConv {
     /// Fixed-shape channels-last kernels with a folded Resize: the source pixels a block may
     /// stage in shared memory (`resize_patch`), 0: the gather reads through the taps.
     pub rs_patch: i32,
+    /// Fixed-shape channels-last kernels with a direct gather: 2 when the block double-buffers
+    /// its chunks (`pipelined`: the next chunk's tile and B fragments copied with `cp.async`
+    /// while this chunk's products run), else 1.
+    pub stages: i32,
+    pub pad: i32,
 }
 }
 
@@ -406,8 +411,8 @@ pub enum MmaGather {
     /// shape compiled in, the tap loop unrolled, a chunk's B fragments staged in shared memory
     /// (`b_stage_bytes`), a separable source table.
     ChannelsLast3x3,
-    /// As `ChannelsLast3x3` for stride 2 (at most 4 channel tiles a block: with 8 its tile,
-    /// table and B fragments would pass 48 KiB).
+    /// As `ChannelsLast3x3` for stride 2 (1, 2 or 8 channel tiles a block: with 8 its tile, its
+    /// separable table and B fragments take 47 KiB).
     ChannelsLast3x3S2,
     /// As `ChannelsLast3x3` through a folded Resize: the block stages the source pixels its
     /// taps reach once a chunk (`NnConv::rs_patch`, `resize_patch`) instead of loading four
@@ -453,7 +458,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 42;
+    pub const COUNT: usize = 43;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -490,7 +495,8 @@ impl Kernel {
         all[n + 3] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3Resize);
         all[n + 4] = Kernel::ConvMma(true, 1, MmaGather::ChannelsLast3x3S2);
         all[n + 5] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3S2);
-        n += 6;
+        all[n + 6] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3S2);
+        n += 7;
         let mut t = 0;
         while t < 3 {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked7x7);
@@ -554,7 +560,8 @@ impl Kernel {
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_8_c3r",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_1_c3s2",
-            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_2_c3s2",
+            Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_2_c3s2",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_8_c3s2",
             Kernel::ConvMma(_, 1, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_1_t7",
             Kernel::ConvMma(_, 2, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_2_t7",
             Kernel::ConvMma(_, _, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_4_t7",
@@ -659,6 +666,12 @@ pub struct Fusions {
     /// A folded Resize's source patch staged once a chunk by the fixed-shape kernels
     /// (`resize_patch`). `TOONFLOW_NEURAL_PATCH=0` turns it off.
     pub resize_patch: bool,
+    /// The fixed stride-1 3x3 kernels double-buffer their chunks where the gather is a direct
+    /// copy (`NnConv::stages`). `TOONFLOW_NEURAL_PIPELINE=0` turns it off.
+    pub pipelined: bool,
+    /// The fixed stride-2 3x3 kernel at eight channel tiles. `TOONFLOW_NEURAL_S2WIDE=0` turns
+    /// it off.
+    pub s2_eight: bool,
 }
 
 impl Fusions {
@@ -668,6 +681,8 @@ impl Fusions {
         fixed_shapes: true,
         prologue: true,
         resize_patch: true,
+        pipelined: true,
+        s2_eight: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -675,6 +690,8 @@ impl Fusions {
         fixed_shapes: false,
         prologue: false,
         resize_patch: false,
+        pipelined: false,
+        s2_eight: false,
     };
 
     pub fn from_env() -> Self {
@@ -684,6 +701,8 @@ impl Fusions {
             fixed_shapes: switch("TOONFLOW_NEURAL_3X3", true),
             prologue: switch("TOONFLOW_NEURAL_PROLOGUE", true),
             resize_patch: switch("TOONFLOW_NEURAL_PATCH", true),
+            pipelined: switch("TOONFLOW_NEURAL_PIPELINE", true),
+            s2_eight: switch("TOONFLOW_NEURAL_S2WIDE", true),
         }
     }
 }
@@ -916,8 +935,17 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
     let axis = 16 * (entries.div_ceil(4) + entries);
     // a folded Resize's patch where a prologue chain's coefficients would be (one or the other)
     let patch = 32 * p.rs_patch.max(0) as u32;
-    (rows * cols * TC_PIX * 2 + axis) as u32 + pre.max(patch) + b_stage_bytes(taps, nt)
+    // a double-buffered block (`NnConv::stages`) holds two tiles and two B stages
+    let stages = if p.stages == 2 { 2 } else { 1 };
+    let tile = (rows * cols * TC_PIX * 2) as u32;
+    stages * (tile + b_stage_bytes(taps, nt)) + axis as u32 + pre.max(patch)
 }
+
+/// Dynamic shared memory a tensor-core convolution block may take (the kernels are opted in
+/// to it when loaded; every sm_80+ card allows about 99 KiB a block). Plans that were measured
+/// at 48 KiB (the Resize patch, the general gathers' tiles) keep that bound; the
+/// double-buffered fixed 3x3 and the prologue's coefficients after it use this one.
+pub const TC_SHARED_OPT_IN: u32 = 96 * 1024;
 
 /// The elementwise chain a tensor-core convolution (stage `conv`, its input `x_name`, its output at `y`)
 /// takes into its channels-last gather, so that the chain's output (a normalized activation)
@@ -992,7 +1020,7 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
     let shape = (p.kh, p.kw, p.sh, p.sw, p.dh, p.dw, p.pack);
     match gather {
         MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1) && nt != 4,
-        MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 2,
+        MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && (nt <= 2 || nt == 8),
         MmaGather::ChannelsLast3x3Resize => {
             // the patch sits where a prologue chain's coefficients would: never both
             shape == (3, 3, 1, 1, 1, 1, 1)
@@ -2409,6 +2437,8 @@ pub fn build(
                     pack: pack as i32,
                     row0: 0,
                     rs_patch: 0,
+                    stages: 1,
+                    pad: 0,
                 };
                 if mma {
                     // a paired block row gives TC_COLS - 1 outputs (a warp's last A row only
@@ -2441,7 +2471,11 @@ pub fn build(
                         .iter()
                         .copied()
                         .find(|&f| {
-                            storage.fusions.fixed_shapes && fixed_shape_matches(f, &p, nt as u8)
+                            storage.fusions.fixed_shapes
+                                && fixed_shape_matches(f, &p, nt as u8)
+                                && (f != MmaGather::ChannelsLast3x3S2
+                                    || nt <= 2
+                                    || storage.fusions.s2_eight)
                         })
                         .unwrap_or(general);
                     // a fixed 3x3 over a folded Resize stages the source pixels its taps reach,
@@ -2468,6 +2502,23 @@ pub fn build(
                         }
                         _ => (gather, p),
                     };
+                    // a direct channels-last gather of the fixed stride-1 3x3 double-buffered,
+                    // with room left for a prologue chain's coefficients
+                    let p = match gather {
+                        MmaGather::ChannelsLast3x3
+                            if storage.fusions.pipelined && p.rs_taps == 0 =>
+                        {
+                            let piped = NnConv { stages: 2, ..p };
+                            if conv_shared_bytes(gather, nt as u8, &piped) + PRE_BYTES
+                                <= TC_SHARED_OPT_IN
+                            {
+                                piped
+                            } else {
+                                p
+                            }
+                        }
+                        _ => p,
+                    };
                     let kernel = Kernel::ConvMma(y.half, nt as u8, gather);
                     let gz = (n_tiles as u32).div_ceil(nt);
                     // the affine chain right before it, taken into the gather (the chain's own
@@ -2476,7 +2527,12 @@ pub fn build(
                         Kernel::ConvMma(_, nt, gather)
                             if storage.fusions.prologue
                                 && resize.is_none()
-                                && conv_shared_bytes(gather, nt, &p) + PRE_BYTES <= 48 * 1024 =>
+                                && conv_shared_bytes(gather, nt, &p) + PRE_BYTES
+                                    <= if p.stages == 2 {
+                                        TC_SHARED_OPT_IN
+                                    } else {
+                                        48 * 1024
+                                    } =>
                         {
                             match prologue_chain(l, &blocks, i, gather, x_name, &places, &y) {
                                 Some(chain) => {
@@ -3559,6 +3615,22 @@ mod tests {
         let cp = conv_shared_bytes(MmaGather::ChannelsLastPaired, 1, &conv(7, 1, 1, 16));
         assert_eq!(cp, 10 * 38 * 48 + (12 + 48) * 16 + 28 * 256);
         assert!(8 * (cp + 1024) <= 228 * 1024);
+        // double-buffered (`NnConv::stages`): two tiles and two B stages, one table; at eight
+        // tiles past 48 KiB, within the opt-in bound with a prologue chain's coefficients
+        let piped = |nt: u8| {
+            let p = NnConv {
+                stages: 2,
+                ..conv(3, 1, 1, 16)
+            };
+            conv_shared_bytes(MmaGather::ChannelsLast3x3, nt, &p)
+        };
+        assert_eq!(piped(2), 2 * (6 * 34 * 48 + 9 * 2 * 256) + (10 + 40) * 16);
+        assert!(piped(8) > 48 * 1024 && piped(8) + PRE_BYTES <= TC_SHARED_OPT_IN);
+        // the stride-2 3x3 at eight tiles keeps the separable table: within 48 KiB, with the
+        // prologue's coefficients too
+        let s2 = conv_shared_bytes(MmaGather::ChannelsLast3x3S2, 8, &conv(3, 2, 1, 16));
+        assert_eq!(s2, 9 * 65 * 48 + (19 + 74) * 16 + 9 * 8 * 256);
+        assert!(s2 + PRE_BYTES <= 48 * 1024);
         // the general kernels: tile and full table
         assert_eq!(
             conv_shared_bytes(MmaGather::ChannelsLast, 2, &conv(3, 1, 1, 16)),
