@@ -387,6 +387,22 @@ fn fp16_storage_keeps_40_db_on_photos() {
                         "{} on {photo}: the staged Resize patch changed the output",
                         model.name()
                     );
+                    // the double-buffered fixed 3x3 copies the same bytes and takes them
+                    // through the same chain: the same bits single-buffered
+                    let single = Fusions {
+                        pipelined: false,
+                        ..Fusions::ALL
+                    };
+                    let plain = run_gpu(&mut gpu_with(&spec, true, false, tc, single), &input);
+                    assert!(
+                        out16
+                            .data
+                            .iter()
+                            .zip(&plain.data)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} on {photo}: the double-buffered gather changed the output",
+                        model.name()
+                    );
                 }
             }
         }

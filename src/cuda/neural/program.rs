@@ -411,8 +411,8 @@ pub enum MmaGather {
     /// shape compiled in, the tap loop unrolled, a chunk's B fragments staged in shared memory
     /// (`b_stage_bytes`), a separable source table.
     ChannelsLast3x3,
-    /// As `ChannelsLast3x3` for stride 2 (1, 2 or 8 channel tiles a block: with 8 its tile, its
-    /// separable table and B fragments take 47 KiB).
+    /// As `ChannelsLast3x3` for stride 2 (1 or 2 channel tiles: at 8, within 48 KiB with its
+    /// separable table, it measured no faster than the general gather on the H200).
     ChannelsLast3x3S2,
     /// As `ChannelsLast3x3` through a folded Resize: the block stages the source pixels its
     /// taps reach once a chunk (`NnConv::rs_patch`, `resize_patch`) instead of loading four
@@ -495,7 +495,7 @@ impl Kernel {
         all[n + 3] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3Resize);
         all[n + 4] = Kernel::ConvMma(true, 1, MmaGather::ChannelsLast3x3S2);
         all[n + 5] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3S2);
-        all[n + 6] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3S2);
+        all[n + 6] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3);
         n += 7;
         let mut t = 0;
         while t < 3 {
@@ -557,11 +557,11 @@ impl Kernel {
             Kernel::ConvMma(_, _, MmaGather::TapPacked) => "nn_conv_mma_hh_8_tp",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_1_c3",
             Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_2_c3",
+            Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_8_c3r",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_1_c3s2",
-            Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_2_c3s2",
-            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_8_c3s2",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_2_c3s2",
             Kernel::ConvMma(_, 1, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_1_t7",
             Kernel::ConvMma(_, 2, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_2_t7",
             Kernel::ConvMma(_, _, MmaGather::TapPacked7x7) => "nn_conv_mma_hh_4_t7",
@@ -667,11 +667,8 @@ pub struct Fusions {
     /// (`resize_patch`). `TOONFLOW_NEURAL_PATCH=0` turns it off.
     pub resize_patch: bool,
     /// The fixed stride-1 3x3 kernels double-buffer their chunks where the gather is a direct
-    /// copy (`NnConv::stages`). `TOONFLOW_NEURAL_PIPELINE=0` turns it off.
+    /// copy of at least two chunks (`NnConv::stages`, `pipelined`). `TOONFLOW_NEURAL_PIPELINE=0` turns it off.
     pub pipelined: bool,
-    /// The fixed stride-2 3x3 kernel at eight channel tiles. `TOONFLOW_NEURAL_S2WIDE=0` turns
-    /// it off.
-    pub s2_eight: bool,
 }
 
 impl Fusions {
@@ -682,7 +679,6 @@ impl Fusions {
         prologue: true,
         resize_patch: true,
         pipelined: true,
-        s2_eight: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -691,7 +687,6 @@ impl Fusions {
         prologue: false,
         resize_patch: false,
         pipelined: false,
-        s2_eight: false,
     };
 
     pub fn from_env() -> Self {
@@ -702,7 +697,6 @@ impl Fusions {
             prologue: switch("TOONFLOW_NEURAL_PROLOGUE", true),
             resize_patch: switch("TOONFLOW_NEURAL_PATCH", true),
             pipelined: switch("TOONFLOW_NEURAL_PIPELINE", true),
-            s2_eight: switch("TOONFLOW_NEURAL_S2WIDE", true),
         }
     }
 }
@@ -1019,8 +1013,10 @@ fn prologue_chain(
 pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
     let shape = (p.kh, p.kw, p.sh, p.sw, p.dh, p.dw, p.pack);
     match gather {
-        MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1) && nt != 4,
-        MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && (nt <= 2 || nt == 8),
+        // at four tiles the single-buffered kernel lost to the general gather (ncu, H200);
+        // double-buffered it wins
+        MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1) && (nt != 4 || p.stages == 2),
+        MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 2,
         MmaGather::ChannelsLast3x3Resize => {
             // the patch sits where a prologue chain's coefficients would: never both
             shape == (3, 3, 1, 1, 1, 1, 1)
@@ -1035,6 +1031,21 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
         MmaGather::ChannelsLastPaired => shape == (7, 7, 1, 1, 1, 1, 1) && p.n_tiles == 1,
         _ => true,
     }
+}
+
+/// The double-buffered variant of a fixed stride-1 3x3 launch (`NnConv::stages`): a direct
+/// channels-last gather (no folded Resize) of at least two 16-channel chunks (with one there is
+/// nothing to overlap, and the second tile only costs occupancy: ncu, H200), whose two tiles
+/// and B stages fit `TC_SHARED_OPT_IN` with a prologue chain's coefficients.
+fn pipelined(p: &NnConv, nt: u8, fusions: &Fusions) -> Option<NnConv> {
+    let piped = NnConv { stages: 2, ..*p };
+    let g = MmaGather::ChannelsLast3x3;
+    (fusions.pipelined
+        && p.rs_taps == 0
+        && p.cin_pad >= 32
+        && fixed_shape_matches(g, &piped, nt)
+        && conv_shared_bytes(g, nt, &piped) + PRE_BYTES <= TC_SHARED_OPT_IN)
+        .then_some(piped)
 }
 
 /// Source pixels of a folded Resize that a fixed-shape block stages (`NnConv::rs_patch`): the
@@ -2467,17 +2478,24 @@ pub fn build(
                         }
                         _ => &[],
                     };
+                    // the fixed stride-1 3x3 double-buffered where it can be (at four tiles
+                    // only so)
+                    let piped = pipelined(&p, nt as u8, &storage.fusions);
                     let gather = fixed
                         .iter()
                         .copied()
                         .find(|&f| {
-                            storage.fusions.fixed_shapes
-                                && fixed_shape_matches(f, &p, nt as u8)
-                                && (f != MmaGather::ChannelsLast3x3S2
-                                    || nt <= 2
-                                    || storage.fusions.s2_eight)
+                            let q = match (f, &piped) {
+                                (MmaGather::ChannelsLast3x3, Some(q)) => q,
+                                _ => &p,
+                            };
+                            storage.fusions.fixed_shapes && fixed_shape_matches(f, q, nt as u8)
                         })
                         .unwrap_or(general);
+                    let p = match piped {
+                        Some(q) if gather == MmaGather::ChannelsLast3x3 => q,
+                        _ => p,
+                    };
                     // a fixed 3x3 over a folded Resize stages the source pixels its taps reach,
                     // where they fit and are fewer than the tile's pixels
                     let (gather, p) = match &resize {
@@ -2501,23 +2519,6 @@ pub fn build(
                             }
                         }
                         _ => (gather, p),
-                    };
-                    // a direct channels-last gather of the fixed stride-1 3x3 double-buffered,
-                    // with room left for a prologue chain's coefficients
-                    let p = match gather {
-                        MmaGather::ChannelsLast3x3
-                            if storage.fusions.pipelined && p.rs_taps == 0 =>
-                        {
-                            let piped = NnConv { stages: 2, ..p };
-                            if conv_shared_bytes(gather, nt as u8, &piped) + PRE_BYTES
-                                <= TC_SHARED_OPT_IN
-                            {
-                                piped
-                            } else {
-                                p
-                            }
-                        }
-                        _ => p,
                     };
                     let kernel = Kernel::ConvMma(y.half, nt as u8, gather);
                     let gz = (n_tiles as u32).div_ceil(nt);
@@ -3626,11 +3627,6 @@ mod tests {
         };
         assert_eq!(piped(2), 2 * (6 * 34 * 48 + 9 * 2 * 256) + (10 + 40) * 16);
         assert!(piped(8) > 48 * 1024 && piped(8) + PRE_BYTES <= TC_SHARED_OPT_IN);
-        // the stride-2 3x3 at eight tiles keeps the separable table: within 48 KiB, with the
-        // prologue's coefficients too
-        let s2 = conv_shared_bytes(MmaGather::ChannelsLast3x3S2, 8, &conv(3, 2, 1, 16));
-        assert_eq!(s2, 9 * 65 * 48 + (19 + 74) * 16 + 9 * 8 * 256);
-        assert!(s2 + PRE_BYTES <= 48 * 1024);
         // the general kernels: tile and full table
         assert_eq!(
             conv_shared_bytes(MmaGather::ChannelsLast, 2, &conv(3, 1, 1, 16)),
