@@ -606,19 +606,19 @@ __device__ __forceinline__ void nn_cp_async16(void* dst, const void* src)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(nn_smem_addr(dst)), "l"(src) : "memory");
 }
 
-// A double-buffered fixed-shape block's copies of chunk kc (NnConv::stages): its tile pixels
-// from the channels-last input (two 16-byte copies a pixel; the Pad's fill and the zero
-// padding stored directly), then its B fragments as the single-buffered path stages them; one
-// cp.async group.
-template <typename F, int NT>
+// A double-buffered block's copies of chunk kc (NnConv::stages): its tile pixels (source_of(e):
+// tile pixel e's table entry) from the channels-last input (two 16-byte copies a pixel; the
+// Pad's fill and the zero padding stored directly), then, for a fixed shape, its B fragments
+// as the single-buffered path stages them; one cp.async group.
+template <typename F, int NT, typename Source>
 __device__ __forceinline__ void nn_tc_issue_chunk(const NnConv* __restrict__ p, int kc, unsigned short* b_stage,
-                                                  unsigned short* tile, const int* axis_source, int rows,
-                                                  int cols, int npx, int ntn, int nt0, int chunks)
+                                                  unsigned short* tile, Source source_of, int npx, int ntn,
+                                                  int nt0, int chunks)
 {
     const unsigned short* __restrict__ x = (const unsigned short*)p->x + kc * 16;
     const unsigned short fill_bits = float_to_half_bits(p->pad_value);
     for (int e = threadIdx.x; e < npx; e += blockDim.x) {
-        const int2 at = nn_tc_combine(axis_source[e / cols], axis_source[rows + e % cols]);
+        const int2 at = source_of(e);
         uint4* dst = (uint4*)(tile + e * NN_TC_PIX);
         if (at.x >= 0) {
             const uint4* src = (const uint4*)(x + (long long)at.x * p->x_rs + (long long)at.y * p->x_ps);
@@ -671,6 +671,55 @@ __device__ __forceinline__ void nn_tc_taps_fixed(unsigned int lane_addr, int col
     }
 }
 
+// The general gather's products for one chunk: the taps in one flat loop over the tile (this
+// lane's ldmatrix address addr), the next tap's B fragments (this lane's from wt, tap_step
+// apart) loaded while this tap's A fragments and products are in flight (the loop is
+// latency-bound).
+template <int NT>
+__device__ __forceinline__ void nn_tc_taps_general(unsigned int addr, const uint2* __restrict__ wt, int taps,
+                                                   int kw_v, unsigned int m_step, unsigned int kx_step,
+                                                   unsigned int ky_step, long long tap_step, int ntn,
+                                                   float (&acc)[2][NT][4])
+{
+    uint2 b[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+        b[n] = n < ntn ? __ldg(wt + n * 32) : make_uint2(0, 0);
+    unsigned int row_addr = addr;
+    for (int tap = 0, kx = 0; tap < taps; tap++) {
+        unsigned int a[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3])
+                         : "r"(addr + m * m_step));
+        uint2 next[NT];
+        wt += tap_step;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            next[n] = (n < ntn && tap + 1 < taps) ? __ldg(wt + n * 32) : make_uint2(0, 0);
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                if (n < ntn)
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                        : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])
+                        : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n].x), "r"(b[n].y));
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            b[n] = next[n];
+        if (++kx == kw_v) {
+            kx = 0;
+            row_addr += ky_step;
+            addr = row_addr;
+        } else {
+            addr += kx_step;
+        }
+    }
+}
+
 template <typename O, int NT, int GATHER>
 __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 {
@@ -681,10 +730,11 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // the gathers that read channels-last inputs (nn_tc_fetch_nhwc)
     constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || (fixed && !packed);
     constexpr bool staged_resize = GATHER == NN_GATHER_CL_3X3_RS;
-    // a double-buffered block (NnConv::stages, the host sets it only for a fixed 3x3 with a
-    // direct channels-last gather): chunk kc + 1's tile and B fragments are copied with
-    // cp.async while chunk kc's products run; [B 0][B 1][tile 0][tile 1], then the table
-    const bool piped = GATHER == NN_GATHER_CL_3X3 && p->stages == 2;
+    // a double-buffered block (NnConv::stages, the host sets it only for a direct channels-last
+    // gather, fixed 3x3 or general): chunk kc + 1's tile (and a fixed shape's B fragments) are
+    // copied with cp.async while chunk kc's products run; [B 0][B 1][tile 0][tile 1], then the
+    // table
+    const bool piped = (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CHANNELS_LAST) && p->stages == 2;
     // fixed shape: [tap][n][lane] B fragments (256 bytes a tap and tile), then the tile
     constexpr int b_halves = fixed ? F::kh * F::kw_v * NT * 128 : 0;
     extern __shared__ __align__(16) unsigned short smem[];
@@ -796,25 +846,33 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const unsigned int kx_step = dw_v * NN_TC_PIX * 2;
     const unsigned int ky_step = p->dh * cols * NN_TC_PIX * 2;
     const long long tap_step = (long long)chunks * p->n_tiles * 32;
+    const int taps = p->kh * kw_v;
+    // tile pixel e's table entry (separable for a fixed shape)
+    const auto source_of = [&](int e) {
+        return fixed ? nn_tc_combine(axis_source[e / cols], axis_source[rows + e % cols]) : source[e];
+    };
     if (piped) {
         __syncthreads(); // the table and the prologue's coefficients are written
-        nn_tc_issue_chunk<F, NT>(p, 0, smem, tile, axis_source, rows, cols, npx, ntn, nt0, chunks);
-        for (int kc = 0; kc < chunks; kc++) {
-            const int buf = kc & 1;
+        nn_tc_issue_chunk<F, NT>(p, 0, smem, tile, source_of, npx, ntn, nt0, chunks);
+    }
+    // one loop for both ways of filling the tile, so that the tap loops are inlined once
+    for (int kc = 0; kc < chunks; kc++) {
+        const int buf = piped ? kc & 1 : 0;
+        if (piped) {
             if (kc + 1 < chunks) {
                 __syncthreads(); // chunk kc - 1's products (buffer buf ^ 1) are done
                 nn_tc_issue_chunk<F, NT>(p, kc + 1, smem + (buf ^ 1) * b_halves,
-                                         tile + (buf ^ 1) * npx * NN_TC_PIX, axis_source, rows, cols,
-                                         npx, ntn, nt0, chunks);
+                                         tile + (buf ^ 1) * npx * NN_TC_PIX, source_of, npx, ntn, nt0,
+                                         chunks);
                 asm volatile("cp.async.wait_group 1;\n" ::: "memory");
             } else {
                 asm volatile("cp.async.wait_group 0;\n" ::: "memory");
             }
-            unsigned short* t = tile + buf * npx * NN_TC_PIX;
             if (pre) {
                 // this thread's own copies have landed: take them through the chain in place
+                unsigned short* t = tile + buf * npx * NN_TC_PIX;
                 for (int e = threadIdx.x; e < npx; e += blockDim.x) {
-                    if (nn_tc_combine(axis_source[e / cols], axis_source[rows + e % cols]).x < 0)
+                    if (source_of(e).x < 0)
                         continue;
                     uint4* px = (uint4*)(t + e * NN_TC_PIX);
                     const uint4 q0 = px[0], q1 = px[1];
@@ -824,116 +882,71 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                     px[1] = make_uint4(v[4], v[5], v[6], v[7]);
                 }
             }
-            __syncthreads();
-            nn_tc_taps_fixed<F, NT>(lane_addr + buf * npx * NN_TC_PIX * 2, cols,
-                                    (const uint2*)(smem + buf * b_halves) + lane, acc);
-        }
-    }
-    for (int kc = 0; !piped && kc < chunks; kc++) {
-        __syncthreads(); // the previous chunk's reads (and the table's writes) are done
-        if (packed)
-            nn_tc_gather_packed(p, source, fixed ? axis_source : nullptr, tile, rows, cols, scols, fill_bits);
-        if (staged_resize && patch_px) {
-            // this chunk's 16 channels of the patch's pixels, two 16-byte loads a pixel
-            const unsigned short* __restrict__ xs = (const unsigned short*)p->x + kc * 16;
-            for (int i = threadIdx.x; i < 2 * patch_px; i += blockDim.x) {
-                const int px = i >> 1, r = px / patch_w, c = px - r * patch_w;
-                const long long pixel = (long long)(patch_r0 + r) * p->rs_w + patch_c0 + c;
-                patch[i] = __ldg((const uint4*)(xs + pixel * p->x_ps) + (i & 1));
-            }
-            __syncthreads();
-        }
-        for (int e = threadIdx.x; !packed && e < npx; e += blockDim.x) {
-            unsigned int v[8];
-            const int r = fixed ? e / cols : 0, c = fixed ? e % cols : 0;
-            const int2 at = fixed ? nn_tc_combine(axis_source[r], axis_source[rows + c]) : source[e];
-            if (at.x >= 0) {
-                int4 ty = make_int4(0, 0, 0, 0), tx = ty;
-                if (cl_gather && rs_taps) {
-                    ty = fixed ? axis_taps[r] : __ldg((const int4*)rs_taps + at.x);
-                    tx = fixed ? axis_taps[rows + c] : __ldg((const int4*)rs_taps + p->h + at.y);
+        } else {
+            __syncthreads(); // the previous chunk's reads (and the table's writes) are done
+            if (packed)
+                nn_tc_gather_packed(p, source, fixed ? axis_source : nullptr, tile, rows, cols, scols, fill_bits);
+            if (staged_resize && patch_px) {
+                // this chunk's 16 channels of the patch's pixels, two 16-byte loads a pixel
+                const unsigned short* __restrict__ xs = (const unsigned short*)p->x + kc * 16;
+                for (int i = threadIdx.x; i < 2 * patch_px; i += blockDim.x) {
+                    const int px = i >> 1, r = px / patch_w, c = px - r * patch_w;
+                    const long long pixel = (long long)(patch_r0 + r) * p->rs_w + patch_c0 + c;
+                    patch[i] = __ldg((const uint4*)(xs + pixel * p->x_ps) + (i & 1));
                 }
-                if (cl_gather) {
-                    if (staged_resize && patch_px)
-                        nn_tc_fetch_patch(patch, patch_w, patch_r0, patch_c0, v, ty, tx);
-                    else
-                        nn_tc_fetch_nhwc(p, kc, at, v, ty, tx);
-                    if (pre)
-                        nn_tc_pre_apply(pre_coef + kc * 16, pre_slope, v);
-                } else
-                    nn_tc_fetch(p, kc, at, v);
-            } else {
-                const unsigned short fill = at.x == -1 ? (unsigned short)0 : fill_bits;
+                __syncthreads();
+            }
+            for (int e = threadIdx.x; !packed && e < npx; e += blockDim.x) {
+                unsigned int v[8];
+                const int r = fixed ? e / cols : 0, c = fixed ? e % cols : 0;
+                const int2 at = fixed ? nn_tc_combine(axis_source[r], axis_source[rows + c]) : source[e];
+                if (at.x >= 0) {
+                    int4 ty = make_int4(0, 0, 0, 0), tx = ty;
+                    if (cl_gather && rs_taps) {
+                        ty = fixed ? axis_taps[r] : __ldg((const int4*)rs_taps + at.x);
+                        tx = fixed ? axis_taps[rows + c] : __ldg((const int4*)rs_taps + p->h + at.y);
+                    }
+                    if (cl_gather) {
+                        if (staged_resize && patch_px)
+                            nn_tc_fetch_patch(patch, patch_w, patch_r0, patch_c0, v, ty, tx);
+                        else
+                            nn_tc_fetch_nhwc(p, kc, at, v, ty, tx);
+                        if (pre)
+                            nn_tc_pre_apply(pre_coef + kc * 16, pre_slope, v);
+                    } else
+                        nn_tc_fetch(p, kc, at, v);
+                } else {
+                    const unsigned short fill = at.x == -1 ? (unsigned short)0 : fill_bits;
 #pragma unroll
-                for (int c2 = 0; c2 < 8; c2++) {
-                    const int ic = kc * 16 + 2 * c2;
-                    v[c2] = nn_pack2(ic < cin ? fill : (unsigned short)0,
-                                     ic + 1 < cin ? fill : (unsigned short)0);
+                    for (int c2 = 0; c2 < 8; c2++) {
+                        const int ic = kc * 16 + 2 * c2;
+                        v[c2] = nn_pack2(ic < cin ? fill : (unsigned short)0,
+                                         ic + 1 < cin ? fill : (unsigned short)0);
+                    }
                 }
+                uint4* dst = (uint4*)(tile + e * NN_TC_PIX);
+                dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+                dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
             }
-            uint4* dst = (uint4*)(tile + e * NN_TC_PIX);
-            dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
-            dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
-        }
-        if (fixed) {
-            // this chunk's B fragments of the block's channel tiles, [tap][n][lane]: per tap
-            // one contiguous run of NT x 256 bytes (the weights are 256-byte aligned), copied
-            // 16 bytes a thread
-            uint4* staged_b = (uint4*)smem;
-            for (int i = threadIdx.x; i < F::kh * F::kw_v * NT * 16; i += blockDim.x) {
-                const int tap = i / (NT * 16), w = i % (NT * 16);
-                const uint4* run = (const uint4*)(wf + ((long long)(tap * chunks + kc) * p->n_tiles + nt0) * 32);
-                staged_b[i] = w < ntn * 16 ? __ldg(run + w) : make_uint4(0, 0, 0, 0);
+            if (fixed) {
+                // this chunk's B fragments of the block's channel tiles, [tap][n][lane]: per tap
+                // one contiguous run of NT x 256 bytes (the weights are 256-byte aligned), copied
+                // 16 bytes a thread
+                uint4* staged_b = (uint4*)smem;
+                for (int i = threadIdx.x; i < F::kh * F::kw_v * NT * 16; i += blockDim.x) {
+                    const int tap = i / (NT * 16), w = i % (NT * 16);
+                    const uint4* run = (const uint4*)(wf + ((long long)(tap * chunks + kc) * p->n_tiles + nt0) * 32);
+                    staged_b[i] = w < ntn * 16 ? __ldg(run + w) : make_uint4(0, 0, 0, 0);
+                }
             }
         }
         __syncthreads();
-        if (fixed) {
-            nn_tc_taps_fixed<F, NT>(lane_addr, cols, (const uint2*)smem + lane, acc);
-            continue;
-        }
-        // the taps in one flat loop, the next tap's B fragments loaded while this tap's
-        // A fragments and products are in flight (the loop is latency-bound)
-        const uint2* wt = wf + ((long long)kc * p->n_tiles + nt0) * 32 + lane;
-        const int taps = p->kh * kw_v;
-        uint2 b[NT];
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-            b[n] = n < ntn ? __ldg(wt + n * 32) : make_uint2(0, 0);
-        unsigned int row_addr = lane_addr, addr = lane_addr;
-        for (int tap = 0, kx = 0; tap < taps; tap++) {
-            unsigned int a[2][4];
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3])
-                             : "r"(addr + m * m_step));
-            uint2 next[NT];
-            wt += tap_step;
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-                next[n] = (n < ntn && tap + 1 < taps) ? __ldg(wt + n * 32) : make_uint2(0, 0);
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-                    if (n < ntn)
-                        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                            : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]),
-                              "+f"(acc[m][n][3])
-                            : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n].x),
-                              "r"(b[n].y));
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-                b[n] = next[n];
-            if (++kx == kw_v) {
-                kx = 0;
-                row_addr += ky_step;
-                addr = row_addr;
-            } else {
-                addr += kx_step;
-            }
-        }
+        const unsigned int addr = lane_addr + buf * npx * NN_TC_PIX * 2;
+        if (fixed)
+            nn_tc_taps_fixed<F, NT>(addr, cols, (const uint2*)(smem + buf * b_halves) + lane, acc);
+        else
+            nn_tc_taps_general<NT>(addr, wf + ((long long)kc * p->n_tiles + nt0) * 32 + lane, taps, kw_v,
+                                   m_step, kx_step, ky_step, tap_step, ntn, acc);
     }
     typename O::T* __restrict__ y = (typename O::T*)p->y;
     const int oy = oy0 + warp;

@@ -391,6 +391,7 @@ fn fp16_storage_keeps_40_db_on_photos() {
                     // through the same chain: the same bits single-buffered
                     let single = Fusions {
                         pipelined: false,
+                        pipelined_general: false,
                         ..Fusions::ALL
                     };
                     let plain = run_gpu(&mut gpu_with(&spec, true, false, tc, single), &input);

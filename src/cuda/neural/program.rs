@@ -669,6 +669,9 @@ pub struct Fusions {
     /// The fixed stride-1 3x3 kernels double-buffer their chunks where the gather is a direct
     /// copy of at least two chunks (`NnConv::stages`, `pipelined`). `TOONFLOW_NEURAL_PIPELINE=0` turns it off.
     pub pipelined: bool,
+    /// The general channels-last kernels double-buffer their tiles likewise
+    /// (`pipelined_general`). `TOONFLOW_NEURAL_PIPELINE_CL=0` turns it off.
+    pub pipelined_general: bool,
 }
 
 impl Fusions {
@@ -679,6 +682,7 @@ impl Fusions {
         prologue: true,
         resize_patch: true,
         pipelined: true,
+        pipelined_general: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -687,6 +691,7 @@ impl Fusions {
         prologue: false,
         resize_patch: false,
         pipelined: false,
+        pipelined_general: false,
     };
 
     pub fn from_env() -> Self {
@@ -697,6 +702,7 @@ impl Fusions {
             prologue: switch("TOONFLOW_NEURAL_PROLOGUE", true),
             resize_patch: switch("TOONFLOW_NEURAL_PATCH", true),
             pipelined: switch("TOONFLOW_NEURAL_PIPELINE", true),
+            pipelined_general: switch("TOONFLOW_NEURAL_PIPELINE_CL", true),
         }
     }
 }
@@ -920,8 +926,14 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
     let pre = if p.pre != 0 { PRE_BYTES } else { 0 };
     let full = tc_shared_bytes(k, stride, dil, p.pack as usize, p.cin as usize) + pre;
     if taps == 0 || gather == MmaGather::TapPacked7x7 {
-        // the packed gather stages its pixels after the full table
-        return full + b_stage_bytes(taps, nt);
+        // the packed gather stages its pixels after the full table; a double-buffered general
+        // gather (`NnConv::stages`) holds a second tile
+        let second = if p.stages == 2 && taps == 0 {
+            tc_tile_halves(k, stride, dil) as u32 * 2
+        } else {
+            0
+        };
+        return full + second + b_stage_bytes(taps, nt);
     }
     // the paired layout's tile is that of kw / 2 taps two pixels apart: the same columns
     let (rows, cols) = tc_tile(k, stride, dil);
@@ -1044,6 +1056,20 @@ fn pipelined(p: &NnConv, nt: u8, fusions: &Fusions) -> Option<NnConv> {
         && p.rs_taps == 0
         && p.cin_pad >= 32
         && fixed_shape_matches(g, &piped, nt)
+        && conv_shared_bytes(g, nt, &piped) + PRE_BYTES <= TC_SHARED_OPT_IN)
+        .then_some(piped)
+}
+
+/// The double-buffered variant of a general channels-last launch (`NnConv::stages`; its B
+/// fragments stay per-tap loads): a direct gather of at least two chunks whose two tiles, table
+/// and a prologue chain's coefficients fit `TC_SHARED_OPT_IN`.
+fn pipelined_general(p: &NnConv, nt: u8, fusions: &Fusions) -> Option<NnConv> {
+    let piped = NnConv { stages: 2, ..*p };
+    let g = MmaGather::ChannelsLast;
+    (fusions.pipelined_general
+        && p.rs_taps == 0
+        && p.pack == 1
+        && p.cin_pad >= 32
         && conv_shared_bytes(g, nt, &piped) + PRE_BYTES <= TC_SHARED_OPT_IN)
         .then_some(piped)
 }
@@ -2494,6 +2520,9 @@ pub fn build(
                         .unwrap_or(general);
                     let p = match piped {
                         Some(q) if gather == MmaGather::ChannelsLast3x3 => q,
+                        _ if gather == MmaGather::ChannelsLast => {
+                            pipelined_general(&p, nt as u8, &storage.fusions).unwrap_or(p)
+                        }
                         _ => p,
                     };
                     // a fixed 3x3 over a folded Resize stages the source pixels its taps reach,
@@ -3627,10 +3656,18 @@ mod tests {
         };
         assert_eq!(piped(2), 2 * (6 * 34 * 48 + 9 * 2 * 256) + (10 + 40) * 16);
         assert!(piped(8) > 48 * 1024 && piped(8) + PRE_BYTES <= TC_SHARED_OPT_IN);
-        // the general kernels: tile and full table
+        // the general kernels: tile and full table (double-buffered: a second tile)
         assert_eq!(
             conv_shared_bytes(MmaGather::ChannelsLast, 2, &conv(3, 1, 1, 16)),
             tc_shared_bytes((3, 3), (1, 1), (1, 1), 1, 16)
+        );
+        let general_piped = NnConv {
+            stages: 2,
+            ..conv(3, 2, 1, 16)
+        };
+        assert_eq!(
+            conv_shared_bytes(MmaGather::ChannelsLast, 8, &general_piped),
+            tc_shared_bytes((3, 3), (2, 2), (1, 1), 1, 16) + 9 * 65 * 48
         );
         // the packed 7x7 stem: 14 virtual taps, at most 4 tiles
         assert!(tc_shared_bytes((7, 7), (1, 1), (1, 1), 4, 3) + b_stage_bytes(14, 4) <= 48 * 1024);
