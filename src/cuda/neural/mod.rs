@@ -203,8 +203,24 @@ impl NeuralGpu {
         let ctx = context(device_id)?;
         let (device_name, (major, _)) = describe(&ctx)?;
         // mma.sync m16n8k16 needs sm_80
+        let tensor_cores = storage.tensor_cores && major >= 8;
+        // a double-buffered block takes up to ~60 KiB of shared memory: used where three fit a
+        // multiprocessor (`PIPELINE_MIN_SHARED_PER_SM`)
+        let shared_per_sm = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )
+            .map_err(driver(
+                "cuDeviceGetAttribute (shared memory per multiprocessor)",
+            ))?;
+        let roomy = shared_per_sm as u32 >= program::PIPELINE_MIN_SHARED_PER_SM;
         let storage = &Storage {
-            tensor_cores: storage.tensor_cores && major >= 8,
+            tensor_cores,
+            fusions: program::Fusions {
+                pipelined: storage.fusions.pipelined && roomy,
+                pipelined_general: storage.fusions.pipelined_general && roomy,
+                ..storage.fusions
+            },
             ..storage.clone()
         };
         let sizing = program::build(spec, storage, 0, 0)?;

@@ -953,6 +953,13 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
 /// double-buffered fixed 3x3 and the prologue's coefficients after it use this one.
 pub const TC_SHARED_OPT_IN: u32 = 96 * 1024;
 
+/// Shared memory a multiprocessor needs for the double-buffered gathers (`Fusions::pipelined`,
+/// `pipelined_general`) to be used: three of the largest blocks (about 60 KiB each) with their
+/// reserve. The H100 / H200 (228 KiB), where they were measured, have it; the A100 (164 KiB)
+/// would fit two, sm_86, sm_89 and sm_120 (100 KiB) one, so those keep the single-buffered
+/// gathers.
+pub const PIPELINE_MIN_SHARED_PER_SM: u32 = 3 * (60 + 1) * 1024;
+
 /// The elementwise chain a tensor-core convolution (stage `conv`, its input `x_name`, its output at `y`)
 /// takes into its channels-last gather, so that the chain's output (a normalized activation)
 /// is never written: the last pending launch, of the stage right before it, is a per-channel
@@ -3656,6 +3663,9 @@ mod tests {
         };
         assert_eq!(piped(2), 2 * (6 * 34 * 48 + 9 * 2 * 256) + (10 + 40) * 16);
         assert!(piped(8) > 48 * 1024 && piped(8) + PRE_BYTES <= TC_SHARED_OPT_IN);
+        // the largest double-buffered blocks (this one, and the general stride-2 3x3 below)
+        // stay within the 60 KiB `PIPELINE_MIN_SHARED_PER_SM` counts three of
+        assert!(piped(8) + PRE_BYTES <= 60 * 1024);
         // the general kernels: tile and full table (double-buffered: a second tile)
         assert_eq!(
             conv_shared_bytes(MmaGather::ChannelsLast, 2, &conv(3, 1, 1, 16)),
@@ -3668,6 +3678,9 @@ mod tests {
         assert_eq!(
             conv_shared_bytes(MmaGather::ChannelsLast, 8, &general_piped),
             tc_shared_bytes((3, 3), (2, 2), (1, 1), 1, 16) + 9 * 65 * 48
+        );
+        assert!(
+            conv_shared_bytes(MmaGather::ChannelsLast, 8, &general_piped) + PRE_BYTES <= 60 * 1024
         );
         // the packed 7x7 stem: 14 virtual taps, at most 4 tiles
         assert!(tc_shared_bytes((7, 7), (1, 1), (1, 1), 4, 3) + b_stage_bytes(14, 4) <= 48 * 1024);
