@@ -735,10 +735,14 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // copied with cp.async while chunk kc's products run; [B 0][B 1][tile 0][tile 1], then the
     // table
     const bool piped = (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CHANNELS_LAST) && p->stages == 2;
+    // a staged Resize patch double-buffered (NnConv::stages): chunk kc + 1's patch and B
+    // fragments copied while chunk kc is blended into the (single) tile and multiplied;
+    // [B 0][B 1][tile], the table, then [patch 0][patch 1]
+    const bool two_b = (GATHER == NN_GATHER_CL_3X3 || staged_resize) && p->stages == 2;
     // fixed shape: [tap][n][lane] B fragments (256 bytes a tap and tile), then the tile
     constexpr int b_halves = fixed ? F::kh * F::kw_v * NT * 128 : 0;
     extern __shared__ __align__(16) unsigned short smem[];
-    unsigned short* tile = smem + (piped ? 2 : 1) * b_halves;
+    unsigned short* tile = smem + (two_b ? 2 : 1) * b_halves;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const bool paired = GATHER == NN_GATHER_CL_PAIRED;
@@ -855,9 +859,26 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         __syncthreads(); // the table and the prologue's coefficients are written
         nn_tc_issue_chunk<F, NT>(p, 0, smem, tile, source_of, npx, ntn, nt0, chunks);
     }
+    // (every block of a launch agrees on whether its patch fits: patch_px is per block, but a
+    // block without one takes the single-buffered path on its own)
+    const bool piped_patch = staged_resize && p->stages == 2 && patch_px > 0;
+    // chunk kc's patch pixels (two 16-byte copies each) into patch buffer b, then its B
+    // fragments into B buffer b, one cp.async group
+    const auto issue_patch = [&](int kc, int b) {
+        const unsigned short* __restrict__ xs = (const unsigned short*)p->x + kc * 16;
+        uint4* dst = patch + b * 2 * p->rs_patch;
+        for (int i = threadIdx.x; i < 2 * patch_px; i += blockDim.x) {
+            const int px = i >> 1, r = px / patch_w, c = px - r * patch_w;
+            const long long pixel = (long long)(patch_r0 + r) * p->rs_w + patch_c0 + c;
+            nn_cp_async16(dst + i, (const uint4*)(xs + pixel * p->x_ps) + (i & 1));
+        }
+        nn_tc_issue_chunk<F, NT>(p, kc, smem + b * b_halves, tile, source_of, 0, ntn, nt0, chunks);
+    };
+    if (piped_patch)
+        issue_patch(0, 0);
     // one loop for both ways of filling the tile, so that the tap loops are inlined once
     for (int kc = 0; kc < chunks; kc++) {
-        const int buf = piped ? kc & 1 : 0;
+        const int buf = piped || piped_patch ? kc & 1 : 0;
         if (piped) {
             if (kc + 1 < chunks) {
                 __syncthreads(); // chunk kc - 1's products (buffer buf ^ 1) are done
@@ -886,7 +907,15 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             __syncthreads(); // the previous chunk's reads (and the table's writes) are done
             if (packed)
                 nn_tc_gather_packed(p, source, fixed ? axis_source : nullptr, tile, rows, cols, scols, fill_bits);
-            if (staged_resize && patch_px) {
+            if (piped_patch) {
+                if (kc + 1 < chunks) {
+                    issue_patch(kc + 1, buf ^ 1);
+                    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+                } else {
+                    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+                }
+                __syncthreads(); // every thread's copies of chunk kc have landed
+            } else if (staged_resize && patch_px) {
                 // this chunk's 16 channels of the patch's pixels, two 16-byte loads a pixel
                 const unsigned short* __restrict__ xs = (const unsigned short*)p->x + kc * 16;
                 for (int i = threadIdx.x; i < 2 * patch_px; i += blockDim.x) {
@@ -908,7 +937,8 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                     }
                     if (cl_gather) {
                         if (staged_resize && patch_px)
-                            nn_tc_fetch_patch(patch, patch_w, patch_r0, patch_c0, v, ty, tx);
+                            nn_tc_fetch_patch(patch + buf * 2 * p->rs_patch, patch_w, patch_r0, patch_c0, v,
+                                              ty, tx);
                         else
                             nn_tc_fetch_nhwc(p, kc, at, v, ty, tx);
                         if (pre)
@@ -928,7 +958,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                 dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
                 dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
             }
-            if (fixed) {
+            if (fixed && !piped_patch) {
                 // this chunk's B fragments of the block's channel tiles, [tap][n][lane]: per tap
                 // one contiguous run of NT x 256 bytes (the weights are 256-byte aligned), copied
                 // 16 bytes a thread
@@ -941,7 +971,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             }
         }
         __syncthreads();
-        const unsigned int addr = lane_addr + buf * npx * NN_TC_PIX * 2;
+        const unsigned int addr = lane_addr + (piped ? buf : 0) * npx * NN_TC_PIX * 2;
         if (fixed)
             nn_tc_taps_fixed<F, NT>(addr, cols, (const uint2*)(smem + buf * b_halves) + lane, acc);
         else

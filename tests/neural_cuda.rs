@@ -392,6 +392,7 @@ fn fp16_storage_keeps_40_db_on_photos() {
                     let single = Fusions {
                         pipelined: false,
                         pipelined_general: false,
+                        pipelined_patch: false,
                         ..Fusions::ALL
                     };
                     let plain = run_gpu(&mut gpu_with(&spec, true, false, tc, single), &input);
@@ -997,6 +998,8 @@ fn resize_convolutions_stage_their_source_patch() {
     ));
     models.extend(real_tiny().map(|m| (m, 320, 192)));
     let mut checked = 0;
+    // staged patches double-buffered (`NnConv::stages`): two chunks or more
+    let mut double_buffered = 0;
     for (model, w, h) in &models {
         let spec = model.specialise(*h, *w).unwrap();
         for fusions in [
@@ -1025,6 +1028,14 @@ fn resize_convolutions_stage_their_source_patch() {
                     continue;
                 }
                 assert_eq!(gather, MmaGather::ChannelsLast3x3Resize, "{}", model.name());
+                if c.stages == 2 {
+                    assert!(
+                        c.cin_pad >= 32,
+                        "{}: one chunk double-buffered",
+                        model.name()
+                    );
+                    double_buffered += 1;
+                }
                 let at = c.rs_taps as usize;
                 let taps: Vec<i32> = (0..4 * (c.h + c.w_in) as usize)
                     .map(|k| {
@@ -1098,6 +1109,10 @@ fn resize_convolutions_stage_their_source_patch() {
         }
     }
     assert!(checked >= 2, "{checked} staged Resize convolutions");
+    assert!(
+        double_buffered >= 1,
+        "{double_buffered} of {checked} staged Resize convolutions double-buffered"
+    );
 }
 
 /// f32 → f16 bits against nprec's emulation (round to nearest even) over many magnitudes.

@@ -219,6 +219,7 @@ impl NeuralGpu {
             fusions: program::Fusions {
                 pipelined: storage.fusions.pipelined && roomy,
                 pipelined_general: storage.fusions.pipelined_general && roomy,
+                pipelined_patch: storage.fusions.pipelined_patch && roomy,
                 ..storage.fusions
             },
             ..storage.clone()

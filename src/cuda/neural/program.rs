@@ -672,6 +672,9 @@ pub struct Fusions {
     /// The general channels-last kernels double-buffer their tiles likewise
     /// (`pipelined_general`). `TOONFLOW_NEURAL_PIPELINE_CL=0` turns it off.
     pub pipelined_general: bool,
+    /// The staged Resize patch double-buffered too (`pipelined_patch`).
+    /// `TOONFLOW_NEURAL_PIPELINE_PATCH=0` turns it off.
+    pub pipelined_patch: bool,
 }
 
 impl Fusions {
@@ -683,6 +686,7 @@ impl Fusions {
         resize_patch: true,
         pipelined: true,
         pipelined_general: true,
+        pipelined_patch: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -692,6 +696,7 @@ impl Fusions {
         resize_patch: false,
         pipelined: false,
         pipelined_general: false,
+        pipelined_patch: false,
     };
 
     pub fn from_env() -> Self {
@@ -703,6 +708,7 @@ impl Fusions {
             resize_patch: switch("TOONFLOW_NEURAL_PATCH", true),
             pipelined: switch("TOONFLOW_NEURAL_PIPELINE", true),
             pipelined_general: switch("TOONFLOW_NEURAL_PIPELINE_CL", true),
+            pipelined_patch: switch("TOONFLOW_NEURAL_PIPELINE_PATCH", true),
         }
     }
 }
@@ -941,10 +947,15 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
     let axis = 16 * (entries.div_ceil(4) + entries);
     // a folded Resize's patch where a prologue chain's coefficients would be (one or the other)
     let patch = 32 * p.rs_patch.max(0) as u32;
-    // a double-buffered block (`NnConv::stages`) holds two tiles and two B stages
-    let stages = if p.stages == 2 { 2 } else { 1 };
+    // a double-buffered block (`NnConv::stages`) holds two tiles and two B stages, or with a
+    // staged Resize patch one tile, two B stages and two patches
+    let (tiles, b_stages, patches) = match (p.stages == 2, gather) {
+        (true, MmaGather::ChannelsLast3x3Resize) => (1, 2, 2),
+        (true, _) => (2, 2, 1),
+        _ => (1, 1, 1),
+    };
     let tile = (rows * cols * TC_PIX * 2) as u32;
-    stages * (tile + b_stage_bytes(taps, nt)) + axis as u32 + pre.max(patch)
+    tiles * tile + b_stages * b_stage_bytes(taps, nt) + axis as u32 + pre.max(patches * patch)
 }
 
 /// Dynamic shared memory a tensor-core convolution block may take (the kernels are opted in
@@ -1065,6 +1076,14 @@ fn pipelined(p: &NnConv, nt: u8, fusions: &Fusions) -> Option<NnConv> {
         && fixed_shape_matches(g, &piped, nt)
         && conv_shared_bytes(g, nt, &piped) + PRE_BYTES <= TC_SHARED_OPT_IN)
         .then_some(piped)
+}
+
+/// Whether a staged-patch Resize convolution (`NnConv::stages` already 2) double-buffers its
+/// patch and B fragments: at least two chunks, within `TC_SHARED_OPT_IN`.
+fn pipelined_patch(piped: &NnConv, nt: u8, fusions: &Fusions) -> bool {
+    fusions.pipelined_patch
+        && piped.cin_pad >= 32
+        && conv_shared_bytes(MmaGather::ChannelsLast3x3Resize, nt, piped) <= TC_SHARED_OPT_IN
 }
 
 /// The double-buffered variant of a general channels-last launch (`NnConv::stages`; its B
@@ -2545,11 +2564,20 @@ pub fn build(
                             };
                             let g = MmaGather::ChannelsLast3x3Resize;
                             let (rows, cols) = tc_tile((3, 3), (1, 1), (1, 1));
+                            // double-buffered where a chunk follows (`pipelined_patch`)
+                            let piped = NnConv {
+                                stages: 2,
+                                ..staged
+                            };
                             if fixed_shape_matches(g, &staged, nt as u8)
                                 && conv_shared_bytes(g, nt as u8, &staged) <= 48 * 1024
                                 && (staged.rs_patch as usize) < rows * cols
                             {
-                                (g, staged)
+                                if pipelined_patch(&piped, nt as u8, &storage.fusions) {
+                                    (g, piped)
+                                } else {
+                                    (g, staged)
+                                }
                             } else {
                                 (gather, p)
                             }
@@ -3666,6 +3694,17 @@ mod tests {
         // the largest double-buffered blocks (this one, and the general stride-2 3x3 below)
         // stay within the 60 KiB `PIPELINE_MIN_SHARED_PER_SM` counts three of
         assert!(piped(8) + PRE_BYTES <= 60 * 1024);
+        // a double-buffered staged Resize patch: one tile, two B stages, two patches
+        let patch_piped = NnConv {
+            stages: 2,
+            rs_patch: 95,
+            rs_taps: 1,
+            ..conv(3, 1, 1, 16)
+        };
+        assert_eq!(
+            conv_shared_bytes(MmaGather::ChannelsLast3x3Resize, 8, &patch_piped),
+            6 * 34 * 48 + 2 * 9 * 8 * 256 + (10 + 40) * 16 + 2 * 95 * 32
+        );
         // the general kernels: tile and full table (double-buffered: a second tile)
         assert_eq!(
             conv_shared_bytes(MmaGather::ChannelsLast, 2, &conv(3, 1, 1, 16)),
