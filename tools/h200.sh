@@ -79,11 +79,12 @@ for step in "$@"; do
             # compiled shapes (TOONFLOW_NEURAL_3X3), the paired output convolution
             # (TOONFLOW_NEURAL_PAIRED) and the affine chains in the gathers
             # (TOONFLOW_NEURAL_PROLOGUE), the staged Resize patch (TOONFLOW_NEURAL_PATCH), the
-            # double-buffered gathers (TOONFLOW_NEURAL_PIPELINE, TOONFLOW_NEURAL_PIPELINE_CL);
+            # double-buffered gathers (TOONFLOW_NEURAL_PIPELINE, TOONFLOW_NEURAL_PIPELINE_CL,
+            # TOONFLOW_NEURAL_PIPELINE_PATCH);
             # TOONFLOW_NEURAL_AB picks the model and size
             for t in .gpu/tests/neural_cuda-*; do
                 for round in 1 2 3; do
-                    for sw in "TOONFLOW_NEURAL_3X3=0 TOONFLOW_NEURAL_PAIRED=0 TOONFLOW_NEURAL_PROLOGUE=0 TOONFLOW_NEURAL_PATCH=0 TOONFLOW_NEURAL_PIPELINE=0 TOONFLOW_NEURAL_PIPELINE_CL=0" "TOONFLOW_NEURAL_3X3=0" "TOONFLOW_NEURAL_PAIRED=0" "TOONFLOW_NEURAL_PROLOGUE=0" "TOONFLOW_NEURAL_PATCH=0" "TOONFLOW_NEURAL_PIPELINE=0" "TOONFLOW_NEURAL_PIPELINE_CL=0" "TOONFLOW_NEURAL_AB_ALL=1"; do
+                    for sw in "TOONFLOW_NEURAL_3X3=0 TOONFLOW_NEURAL_PAIRED=0 TOONFLOW_NEURAL_PROLOGUE=0 TOONFLOW_NEURAL_PATCH=0 TOONFLOW_NEURAL_PIPELINE=0 TOONFLOW_NEURAL_PIPELINE_CL=0 TOONFLOW_NEURAL_PIPELINE_PATCH=0" "TOONFLOW_NEURAL_3X3=0" "TOONFLOW_NEURAL_PAIRED=0" "TOONFLOW_NEURAL_PROLOGUE=0" "TOONFLOW_NEURAL_PATCH=0" "TOONFLOW_NEURAL_PIPELINE=0" "TOONFLOW_NEURAL_PIPELINE_CL=0" "TOONFLOW_NEURAL_PIPELINE_PATCH=0" "TOONFLOW_NEURAL_AB_ALL=1"; do
                         printf '%s round %s: ' "$sw" "$round"
                         env $sw TOONFLOW_NEURAL_BENCH=${TOONFLOW_NEURAL_AB:-tiny_Cute:1080p} "$t" --nocapture \
                             --test-threads=1 speed 2>&1 | grep -E "ms/frame|panicked" | tr '\n' ' '
