@@ -1322,3 +1322,51 @@ fn tensor_core_weights_are_b_fragments() {
         }
     }
 }
+
+/// The double-buffered staged Resize patch copies the same pixels and B fragments as the
+/// single-buffered one: the same bits. (Only hayao_class from about 960x544 up stages its
+/// Resize patches: eight-tile blocks over 128 channels.)
+#[test]
+fn the_double_buffered_resize_patch_keeps_the_bits() {
+    use gsttoonflow::cuda::neural::program::MmaGather;
+    need_gpu!();
+    let hayao_class = onnx_models::hayao_like_channels([32, 64, 128, 256], "hayao_class");
+    let model = NeuralModel::from_bytes(&encode_model(&hayao_class), "hayao_class").unwrap();
+    let input = photo_tensor(&model, "chelsea.png", 960, 544);
+    let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+    let single = Fusions {
+        pipelined_patch: false,
+        ..Fusions::ALL
+    };
+    let mut piped = gpu_with(&spec, true, false, true, Fusions::ALL);
+    let double_buffered = piped
+        .program()
+        .launches
+        .iter()
+        .filter(|l| {
+            matches!(
+                l.kernel,
+                Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize)
+            ) && params::<gsttoonflow::cuda::neural::program::NnConv>(piped.program(), l).stages
+                == 2
+        })
+        .count();
+    if double_buffered == 0 {
+        // the gate in NeuralGpu::new: fewer than three such blocks fit a multiprocessor
+        println!("skipped: this GPU keeps the single-buffered Resize patch");
+        return;
+    }
+    let a = run_gpu(&mut piped, &input);
+    let b = run_gpu(&mut gpu_with(&spec, true, false, true, single), &input);
+    println!(
+        "{double_buffered} double-buffered Resize patches, {} values",
+        a.data.len()
+    );
+    assert!(
+        a.data
+            .iter()
+            .zip(&b.data)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "the double-buffered Resize patch changed the output"
+    );
+}
