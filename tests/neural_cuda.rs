@@ -59,6 +59,12 @@ fn hayao_32() -> NeuralModel {
     NeuralModel::from_bytes(&encode_model(&m), "hayao_32").unwrap()
 }
 
+/// The Hayao-class generated model (AnimeGANv3 Hayao's channel widths), the benchmark's.
+fn hayao_class() -> NeuralModel {
+    let m = hayao_like_channels([32, 64, 128, 256], "hayao_class");
+    NeuralModel::from_bytes(&encode_model(&m), "hayao_class").unwrap()
+}
+
 /// tiny_like with 16 channels at full resolution, as the real tiny: channels-last there, the
 /// Gram moments and the modulated normalization's chain over channels-last, the last
 /// full-resolution convolution in bands.
@@ -990,12 +996,7 @@ fn resize_convolutions_stage_their_source_patch() {
         136,
     ));
     // (wide enough for eight-tile convolutions over its Resizes)
-    let hayao_class = onnx_models::hayao_like_channels([32, 64, 128, 256], "hayao_class");
-    models.push((
-        NeuralModel::from_bytes(&encode_model(&hayao_class), "hayao_class").unwrap(),
-        1920,
-        1080,
-    ));
+    models.push((hayao_class(), 1920, 1080));
     models.extend(real_tiny().map(|m| (m, 320, 192)));
     let mut checked = 0;
     // staged patches double-buffered (`NnConv::stages`): two chunks or more
@@ -1165,8 +1166,7 @@ fn speed() {
     let mut models: Vec<NeuralModel> = generated().into_iter().map(|m| m.0).collect();
     models.extend(real_tiny());
     // the Hayao layer pattern at the real model's channel counts (32-256)
-    let hayao_class = onnx_models::hayao_like_channels([32, 64, 128, 256], "hayao_class");
-    models.push(NeuralModel::from_bytes(&encode_model(&hayao_class), "hayao_class").unwrap());
+    models.push(hayao_class());
     for model in models.iter().filter(|m| m.name().contains(model_filter)) {
         for (label, w, h) in [
             ("720p", 1280usize, 720usize),
@@ -1330,8 +1330,7 @@ fn tensor_core_weights_are_b_fragments() {
 fn the_double_buffered_resize_patch_keeps_the_bits() {
     use gsttoonflow::cuda::neural::program::MmaGather;
     need_gpu!();
-    let hayao_class = onnx_models::hayao_like_channels([32, 64, 128, 256], "hayao_class");
-    let model = NeuralModel::from_bytes(&encode_model(&hayao_class), "hayao_class").unwrap();
+    let model = hayao_class();
     let input = photo_tensor(&model, "chelsea.png", 960, 544);
     let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
     let single = Fusions {
