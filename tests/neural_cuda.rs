@@ -395,12 +395,7 @@ fn fp16_storage_keeps_40_db_on_photos() {
                     );
                     // the double-buffered fixed 3x3 copies the same bytes and takes them
                     // through the same chain: the same bits single-buffered
-                    let single = Fusions {
-                        pipelined: false,
-                        pipelined_general: false,
-                        pipelined_patch: false,
-                        ..Fusions::ALL
-                    };
+                    let single = Fusions::ALL.single_buffered();
                     let plain = run_gpu(&mut gpu_with(&spec, true, false, tc, single), &input);
                     assert!(
                         out16

@@ -216,11 +216,10 @@ impl NeuralGpu {
         let roomy = shared_per_sm as u32 >= program::PIPELINE_MIN_SHARED_PER_SM;
         let storage = &Storage {
             tensor_cores,
-            fusions: program::Fusions {
-                pipelined: storage.fusions.pipelined && roomy,
-                pipelined_general: storage.fusions.pipelined_general && roomy,
-                pipelined_patch: storage.fusions.pipelined_patch && roomy,
-                ..storage.fusions
+            fusions: if roomy {
+                storage.fusions
+            } else {
+                storage.fusions.single_buffered()
             },
             ..storage.clone()
         };

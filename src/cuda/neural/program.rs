@@ -699,6 +699,17 @@ impl Fusions {
         pipelined_patch: false,
     };
 
+    /// These fusions with every double-buffered gather single-buffered (a card whose
+    /// multiprocessor holds fewer than three such blocks: `PIPELINE_MIN_SHARED_PER_SM`).
+    pub fn single_buffered(self) -> Self {
+        Fusions {
+            pipelined: false,
+            pipelined_general: false,
+            pipelined_patch: false,
+            ..self
+        }
+    }
+
     pub fn from_env() -> Self {
         Fusions {
             gram: switch("TOONFLOW_NEURAL_GRAM", true),
