@@ -990,6 +990,9 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const float* __restrict__ bias_of = (const float*)p->b;
     const unsigned long long res = p->res;
     const int res_half = p->res_half;
+    // the activation that ends a folded residual Add's stage, applied to the sum
+    const int res_act = p->res_act;
+    const float res_act_a = p->res_act_a, res_act_b = p->res_act_b;
     const long long row = (long long)oy * p->y_rs;
     // channels-last fp16 output with an even channel count: a lane's two channels of a pixel
     // are adjacent, one 4-byte store
@@ -1082,7 +1085,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                     const long long at = at0 + (long long)j * y_cs;
                     // a folded residual Add: this thread alone reads and writes `at`
                     const float sum = res ? v[j] + nn_load(res, at, res_half) : v[j];
-                    O::store(y, at, sum);
+                    O::store(y, at, res_act ? nn_activate(sum, res_act, res_act_a, res_act_b) : sum);
                 }
             }
         }
@@ -1118,6 +1121,9 @@ extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __r
 // (eight tiles at 128 registers, 4 blocks a multiprocessor: it fits without spills, 142 unbounded)
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3_RS>(p); }
+// the staged Resize patch at four tiles: launched double-buffered only (program.rs,
+// fixed_shape_matches)
+extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3_RS>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3_S2>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_S2>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TP_7X7>(p); }

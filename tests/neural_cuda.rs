@@ -566,6 +566,89 @@ fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
     assert!(p.launches.len() <= 40, "{} launches", p.launches.len());
 }
 
+/// A residual Add whose stage ends in an activation (a residual block's output: Add, then
+/// LeakyRelu) folds into the convolution before it with that activation applied to the sum
+/// (`NnConv::res_act`; no GPU needed to plan): the Add's stage launches nothing, the
+/// convolution's activation code is LeakyRelu's with the model's alpha; in fp32 (no tensor
+/// cores) the stage runs on its own. tiny_like has one such block; the real tiny (when here)
+/// has two.
+#[test]
+fn residual_adds_fold_the_activation_after_them() {
+    use gsttoonflow::cuda::neural::program::{Kernel, NnConv, build};
+    let mut models = vec![(
+        NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like").unwrap(),
+        160,
+        96,
+        1,
+    )];
+    models.extend(real_tiny().map(|m| (m, 1920, 1088, 2)));
+    for (model, w, h, want) in &models {
+        let spec = model.specialise(*h, *w).unwrap();
+        let l = spec.lowered();
+        let p = build(&spec, &Storage::uniform(spec.stage_count(), true), 0, 0).unwrap();
+        let mut folded = 0;
+        for launch in &p.launches {
+            if !matches!(launch.kernel, Kernel::ConvMma(..)) {
+                continue;
+            }
+            let c: NnConv = params(&p, launch);
+            if c.res_act == 0 {
+                continue;
+            }
+            assert_ne!(
+                c.res,
+                0,
+                "{}: an activation without a residual",
+                model.name()
+            );
+            let add_stage = launch.stage + 1;
+            let ops: Vec<&str> = l.stages[add_stage]
+                .nodes
+                .iter()
+                .map(|n| n.op_type.as_str())
+                .collect();
+            assert_eq!(ops, ["Add", "LeakyRelu"], "{}", model.name());
+            let alpha = l.stages[add_stage].nodes[1]
+                .attr("alpha")
+                .map_or(0.01, |a| a.f);
+            assert_eq!((c.res_act, c.res_act_a), (2, alpha), "{}", model.name());
+            assert!(
+                p.launches.iter().all(|x| x.stage != add_stage),
+                "{}: the folded Add's stage still launches",
+                model.name()
+            );
+            folded += 1;
+        }
+        assert_eq!(folded, *want, "{}: residual blocks folded", model.name());
+        // switched off, each of those stages launches its own chain again
+        let off = Storage {
+            fusions: Fusions {
+                residual_act: false,
+                ..Fusions::ALL
+            },
+            ..Storage::uniform(spec.stage_count(), true)
+        };
+        let p_off = build(&spec, &off, 0, 0).unwrap();
+        assert!(p_off.launches.iter().all(|x| {
+            !matches!(x.kernel, Kernel::ConvMma(..)) || params::<NnConv>(&p_off, x).res_act == 0
+        }));
+        assert_eq!(p_off.launches.len(), p.launches.len() + want);
+        // fp32 storage: no tensor cores, nothing folded
+        let p32 = build(&spec, &Storage::uniform(spec.stage_count(), false), 0, 0).unwrap();
+        assert!(
+            p32.launches
+                .iter()
+                .all(|x| !matches!(x.kernel, Kernel::ConvMma(..)))
+        );
+        println!(
+            "{} {w}x{h}: {folded} residual blocks fold their LeakyRelu, {} launches (fp32 {})",
+            model.name(),
+            p.launches.len(),
+            p32.launches.len()
+        );
+    }
+}
+
 /// Activations that only tensor-core convolutions write and read are stored channels-last, so
 /// their gathers load 16 channels of a pixel in two 16-byte loads (no GPU needed to plan): on
 /// both generated models some convolutions gather channels-last; every channels-last value has
@@ -996,12 +1079,18 @@ fn resize_convolutions_stage_their_source_patch() {
     let mut checked = 0;
     // staged patches double-buffered (`NnConv::stages`): two chunks or more
     let mut double_buffered = 0;
+    // staged at four tiles (`Fusions::narrow_patch`): double-buffered only
+    let mut narrow = 0;
     for (model, w, h) in &models {
         let spec = model.specialise(*h, *w).unwrap();
         for fusions in [
             Fusions::ALL,
             Fusions {
                 resize_patch: false,
+                ..Fusions::ALL
+            },
+            Fusions {
+                narrow_patch: false,
                 ..Fusions::ALL
             },
         ] {
@@ -1018,12 +1107,22 @@ fn resize_convolutions_stage_their_source_patch() {
                 if c.rs_taps == 0 || (c.kh, c.kw, c.sh, c.sw) != (3, 3, 1, 1) || c.x_ps == 1 {
                     continue;
                 }
-                if !fusions.resize_patch || nt != 8 {
-                    assert_ne!(gather, MmaGather::ChannelsLast3x3Resize);
+                let staged = gather == MmaGather::ChannelsLast3x3Resize;
+                if !fusions.resize_patch || nt <= 2 || (nt != 8 && !fusions.narrow_patch) {
+                    assert!(!staged, "{}: {nt} tiles staged", model.name());
                     assert_eq!(c.rs_patch, 0);
                     continue;
                 }
-                assert_eq!(gather, MmaGather::ChannelsLast3x3Resize, "{}", model.name());
+                if nt != 8 {
+                    if !staged {
+                        // one chunk (nothing to overlap), or no room
+                        assert_eq!(c.rs_patch, 0);
+                        continue;
+                    }
+                    assert_eq!(c.stages, 2, "{}: {nt} tiles single-buffered", model.name());
+                    narrow += 1;
+                }
+                assert!(staged, "{}", model.name());
                 if c.stages == 2 {
                     assert!(
                         c.cin_pad >= 32,
@@ -1105,6 +1204,7 @@ fn resize_convolutions_stage_their_source_patch() {
         }
     }
     assert!(checked >= 2, "{checked} staged Resize convolutions");
+    assert!(narrow >= 1, "no staged Resize convolution at four tiles");
     assert!(
         double_buffered >= 1,
         "{double_buffered} of {checked} staged Resize convolutions double-buffered"
@@ -1319,62 +1419,78 @@ fn tensor_core_weights_are_b_fragments() {
 }
 
 /// The double-buffered staged Resize patch copies the same pixels and B fragments as the
-/// single-buffered one: the same bits. (Only hayao_class from about 960x544 up stages its
-/// Resize patches: eight-tile blocks over 128 channels.)
+/// single-buffered one, and the patch blends the taps as the gather through them does: the same
+/// bits. At 960x544 hayao_class stages its eight-tile Resize convolutions' patches and, double-
+/// buffered only, its four-tile one; the real tiny (when present) at 1920x1088 its four-tile
+/// ones.
 #[test]
 fn the_double_buffered_resize_patch_keeps_the_bits() {
     use gsttoonflow::cuda::neural::program::MmaGather;
     need_gpu!();
-    let model = hayao_class();
-    let input = photo_tensor(&model, "chelsea.png", 960, 544);
-    let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
-    let single = Fusions {
-        pipelined_patch: false,
-        ..Fusions::ALL
-    };
-    let mut piped = gpu_with(&spec, true, false, true, Fusions::ALL);
-    let mut plain = gpu_with(&spec, true, false, true, single);
-    // a double-buffered patch block takes a second patch and B stage of shared memory
-    let resize_shared = |g: &NeuralGpu| -> Vec<u32> {
-        g.program()
-            .launches
+    let mut models = vec![(hayao_class(), 960, 544)];
+    models.extend(real_tiny().map(|m| (m, 1920, 1088)));
+    for (model, w, h) in &models {
+        let input = photo_tensor(model, "chelsea.png", *w, *h);
+        let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+        let single = Fusions {
+            pipelined_patch: false,
+            ..Fusions::ALL
+        };
+        let mut piped = gpu_with(&spec, true, false, true, Fusions::ALL);
+        let mut plain = gpu_with(&spec, true, false, true, single);
+        // the staged Resize launches: (tiles, shared memory); a double-buffered block takes a
+        // second patch and B stage
+        let staged = |g: &NeuralGpu| -> Vec<(u8, u32)> {
+            g.program()
+                .launches
+                .iter()
+                .filter_map(|l| match l.kernel {
+                    Kernel::ConvMma(_, nt, MmaGather::ChannelsLast3x3Resize) => {
+                        Some((nt, l.shared))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let (piped_staged, plain_staged) = (staged(&piped), staged(&plain));
+        // single-buffered, only the eight-tile ones stage their patch
+        assert!(plain_staged.iter().all(|&(nt, _)| nt == 8));
+        let wide: Vec<u32> = piped_staged
             .iter()
-            .filter(|l| {
-                matches!(
-                    l.kernel,
-                    Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize)
-                )
-            })
-            .map(|l| l.shared)
-            .collect()
-    };
-    let (piped_shared, plain_shared) = (resize_shared(&piped), resize_shared(&plain));
-    assert_eq!(piped_shared.len(), plain_shared.len());
-    assert!(
-        !plain_shared.is_empty(),
-        "no staged Resize patch at 960x544"
-    );
-    let double_buffered = piped_shared
-        .iter()
-        .zip(&plain_shared)
-        .filter(|(a, b)| a > b)
-        .count();
-    if double_buffered == 0 {
-        // the gate in NeuralGpu::new: fewer than three such blocks fit a multiprocessor
-        println!("skipped: this GPU keeps the single-buffered Resize patch");
-        return;
+            .filter(|&&(nt, _)| nt == 8)
+            .map(|&(_, s)| s)
+            .collect();
+        assert_eq!(wide.len(), plain_staged.len());
+        let double_buffered = wide
+            .iter()
+            .zip(&plain_staged)
+            .filter(|(a, (_, b))| *a > b)
+            .count();
+        let narrow = piped_staged.len() - wide.len();
+        if double_buffered + narrow == 0 {
+            // the gate in NeuralGpu::new: fewer than three such blocks fit a multiprocessor
+            println!(
+                "skipped ({}): no double-buffered Resize patch (this GPU keeps them \
+                 single-buffered)",
+                model.name()
+            );
+            continue;
+        }
+        let a = run_gpu(&mut piped, &input);
+        let b = run_gpu(&mut plain, &input);
+        println!(
+            "{}: {double_buffered} double-buffered eight-tile Resize patches, {narrow} at four \
+             tiles, {} values",
+            model.name(),
+            a.data.len()
+        );
+        assert!(
+            a.data
+                .iter()
+                .zip(&b.data)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{}: the double-buffered Resize patch changed the output",
+            model.name()
+        );
     }
-    let a = run_gpu(&mut piped, &input);
-    let b = run_gpu(&mut plain, &input);
-    println!(
-        "{double_buffered} double-buffered Resize patches, {} values",
-        a.data.len()
-    );
-    assert!(
-        a.data
-            .iter()
-            .zip(&b.data)
-            .all(|(x, y)| x.to_bits() == y.to_bits()),
-        "the double-buffered Resize patch changed the output"
-    );
 }

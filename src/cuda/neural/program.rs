@@ -45,6 +45,9 @@ pub const GRAM_CHANNELS: usize = 16;
 pub const GRAM_SUMS: usize = GRAM_CHANNELS * GRAM_CHANNELS + GRAM_CHANNELS;
 /// Warp steps of a Gram moments round (their loads in flight together).
 pub const GRAM_UNROLL: usize = 4;
+// a warp's channels-last staging (GRAM_UNROLL steps of 16 pixels x 32 bytes) reuses its sums'
+// shared memory (`nn_moments_gram`)
+const _: () = assert!(GRAM_UNROLL * 16 * 32 <= GRAM_SUMS * 8);
 pub const ELEMENTWISE_THREADS: u32 = 256;
 /// Ops and operands one fused elementwise launch carries.
 pub const EW_MAX_OPS: usize = 16;
@@ -172,7 +175,11 @@ pub struct NnConv {
     /// its chunks (`pipelined`: the next chunk's tile and B fragments copied with `cp.async`
     /// while this chunk's products run), else 1.
     pub stages: i32,
-    pub pad: i32,
+    /// Tensor-core path: the activation after a folded residual Add (the Add's stage ends in
+    /// one, `Folds::residual`), as `act`: applied to the sum; 0 none.
+    pub res_act: i32,
+    pub res_act_a: f32,
+    pub res_act_b: f32,
 }
 }
 
@@ -458,7 +465,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 43;
+    pub const COUNT: usize = 44;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -496,7 +503,8 @@ impl Kernel {
         all[n + 4] = Kernel::ConvMma(true, 1, MmaGather::ChannelsLast3x3S2);
         all[n + 5] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3S2);
         all[n + 6] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3);
-        n += 7;
+        all[n + 7] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3Resize);
+        n += 8;
         let mut t = 0;
         while t < 3 {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked7x7);
@@ -559,6 +567,7 @@ impl Kernel {
             Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_2_c3",
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
+            Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_4_c3r",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_8_c3r",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_1_c3s2",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_2_c3s2",
@@ -675,6 +684,12 @@ pub struct Fusions {
     /// The staged Resize patch double-buffered too (`pipelined_patch`).
     /// `TOONFLOW_NEURAL_PIPELINE_PATCH=0` turns it off.
     pub pipelined_patch: bool,
+    /// The staged Resize patch at four channel tiles too, where it can be double-buffered
+    /// (`fixed_shape_matches`). `TOONFLOW_NEURAL_NARROW_PATCH=0` turns it off.
+    pub narrow_patch: bool,
+    /// A residual Add folded into the convolution before it also when its stage ends in an
+    /// activation (`residual_activation`). `TOONFLOW_NEURAL_RESIDUAL_ACT=0` turns it off.
+    pub residual_act: bool,
 }
 
 impl Fusions {
@@ -687,6 +702,8 @@ impl Fusions {
         pipelined: true,
         pipelined_general: true,
         pipelined_patch: true,
+        narrow_patch: true,
+        residual_act: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -697,6 +714,8 @@ impl Fusions {
         pipelined: false,
         pipelined_general: false,
         pipelined_patch: false,
+        narrow_patch: false,
+        residual_act: false,
     };
 
     /// These fusions with every double-buffered gather single-buffered (a card whose
@@ -706,6 +725,7 @@ impl Fusions {
             pipelined: false,
             pipelined_general: false,
             pipelined_patch: false,
+            narrow_patch: false,
             ..self
         }
     }
@@ -720,6 +740,8 @@ impl Fusions {
             pipelined: switch("TOONFLOW_NEURAL_PIPELINE", true),
             pipelined_general: switch("TOONFLOW_NEURAL_PIPELINE_CL", true),
             pipelined_patch: switch("TOONFLOW_NEURAL_PIPELINE_PATCH", true),
+            narrow_patch: switch("TOONFLOW_NEURAL_NARROW_PATCH", true),
+            residual_act: switch("TOONFLOW_NEURAL_RESIDUAL_ACT", true),
         }
     }
 }
@@ -1050,7 +1072,9 @@ fn prologue_chain(
 /// tile counts where the fixed kernel is the faster one. Measured with ncu on the H200
 /// (2026-12-05, tiny and hayao_class at 1080p): the 3x3 shapes beat the general gather at 1,
 /// 2 and 8 tiles (8: 245-550 µs against 310-675) and lose at 4 (5-10 % slower on every
-/// layer); the staged Resize patch wins at 8 tiles (3-4 %) and loses at 2 and 4 (up to 27 %).
+/// layer); the staged Resize patch wins at 8 tiles (3-4 %) and loses at 2 and 4 (up to 27 %),
+/// but double-buffered it wins at 4 (ncu, H100, 2026-12-05: 86 → 73, 69 → 61, 827 → 754 µs)
+/// and still loses at 2 (70 → 78 µs).
 pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
     let shape = (p.kh, p.kw, p.sh, p.sw, p.dh, p.dw, p.pack);
     match gather {
@@ -1059,9 +1083,10 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
         MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1) && (nt != 4 || p.stages == 2),
         MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 2,
         MmaGather::ChannelsLast3x3Resize => {
-            // the patch sits where a prologue chain's coefficients would: never both
+            // the patch sits where a prologue chain's coefficients would: never both; at four
+            // tiles single-buffered it lost
             shape == (3, 3, 1, 1, 1, 1, 1)
-                && nt == 8
+                && (nt == 8 || (nt == 4 && p.stages == 2))
                 && p.rs_taps != 0
                 && p.rs_patch > 0
                 && p.pre == 0
@@ -1333,6 +1358,9 @@ struct Folds {
     /// conv stage → (the residual Add stage after it, folded into its epilogue, and the Add's
     /// other addend).
     residual: HashMap<usize, (usize, String)>,
+    /// conv stage → the activation that ends its folded residual Add's stage (Add, then Relu,
+    /// LeakyRelu, ...: a residual block's output), applied to the sum in the epilogue.
+    residual_act: HashMap<usize, Activation>,
 }
 
 impl Folds {
@@ -1419,8 +1447,20 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
         // a residual Add of the convolution's output and a tensor of the same shape, neither
         // the convolution's input nor the source of its folded gather (so the Add's output
         // may be written over the addend while other blocks still gather)
-        let [add] = next.nodes.as_slice() else {
-            continue;
+        // (alone, or followed by an activation of its sum that ends the stage)
+        let (add, post) = match next.nodes.as_slice() {
+            [add] => (add, None),
+            [add, act]
+                if storage.fusions.residual_act
+                    && act.input.first() == add.output.first()
+                    && act.output.first() == next.outputs.first() =>
+            {
+                match residual_activation(l, act) {
+                    Some(a) => (add, Some(a)),
+                    None => continue,
+                }
+            }
+            _ => continue,
         };
         let source = f
             .input
@@ -1448,9 +1488,22 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
             && Some(skip) != source
         {
             f.residual.insert(i, (i + 1, skip.clone()));
+            if let Some(a) = post {
+                f.residual_act.insert(i, a);
+            }
         }
     }
     f
+}
+
+/// The activation node `n` as the epilogue applies it after a folded residual Add, when it is
+/// one it can (Clip with constant bounds).
+fn residual_activation(l: &Lowered, n: &NodeProto) -> Option<Activation> {
+    match n.op_type.as_str() {
+        "Clip" => clip_bounds(l, n).map(|(lo, hi)| Activation::Clip(lo, hi)),
+        "Relu" | "LeakyRelu" | "Sigmoid" | "Tanh" => activation(Some(n)).ok(),
+        _ => None,
+    }
 }
 
 /// A 1x1 convolution whose output only a normalization's statistics read, of an fp16 NCHW
@@ -2267,6 +2320,8 @@ pub fn build(
                     Some((_, skip)) => Some(place(&places, &mut st, skip)?),
                     None => None,
                 };
+                let (res_act, res_act_a, res_act_b) =
+                    act_code(folds.residual_act.get(&i).copied().unwrap_or_default());
                 // the convolution's value as its own fp16 storage would hold it, before the
                 // folded stage (unless the store rounds anyway)
                 let y_round = half_of.get(out.as_str()) == Some(&true)
@@ -2512,7 +2567,9 @@ pub fn build(
                     row0: 0,
                     rs_patch: 0,
                     stages: 1,
-                    pad: 0,
+                    res_act,
+                    res_act_a,
+                    res_act_b,
                 };
                 if mma {
                     // a paired block row gives TC_COLS - 1 outputs (a warp's last A row only
@@ -2562,33 +2619,40 @@ pub fn build(
                         }
                         _ => p,
                     };
-                    // a fixed 3x3 over a folded Resize stages the source pixels its taps reach,
-                    // where they fit and are fewer than the tile's pixels
+                    // a stride-1 3x3 over a folded Resize (the fixed kernel, or at four tiles the
+                    // general one) stages the source pixels its taps reach, where they fit and
+                    // are fewer than the tile's pixels
+                    let stride1_3x3 = gather == MmaGather::ChannelsLast3x3
+                        || (fixed.contains(&MmaGather::ChannelsLast3x3)
+                            && fixed_shape_matches(
+                                MmaGather::ChannelsLast3x3,
+                                &NnConv { stages: 2, ..p },
+                                nt as u8,
+                            ));
                     let (gather, p) = match &resize {
-                        Some((_, _, taps))
-                            if storage.fusions.resize_patch
-                                && gather == MmaGather::ChannelsLast3x3 =>
-                        {
+                        Some((_, _, taps)) if storage.fusions.resize_patch && stride1_3x3 => {
                             let staged = NnConv {
                                 rs_patch: resize_patch(&p, taps) as i32,
                                 ..p
                             };
                             let g = MmaGather::ChannelsLast3x3Resize;
                             let (rows, cols) = tc_tile((3, 3), (1, 1), (1, 1));
-                            // double-buffered where a chunk follows (`pipelined_patch`)
+                            // double-buffered where a chunk follows (`pipelined_patch`); at four
+                            // tiles only so
                             let piped = NnConv {
                                 stages: 2,
                                 ..staged
                             };
-                            if fixed_shape_matches(g, &staged, nt as u8)
-                                && conv_shared_bytes(g, nt as u8, &staged) <= 48 * 1024
-                                && (staged.rs_patch as usize) < rows * cols
+                            let fits = conv_shared_bytes(g, nt as u8, &staged) <= 48 * 1024
+                                && (staged.rs_patch as usize) < rows * cols;
+                            if fits
+                                && (nt == 8 || storage.fusions.narrow_patch)
+                                && fixed_shape_matches(g, &piped, nt as u8)
+                                && pipelined_patch(&piped, nt as u8, &storage.fusions)
                             {
-                                if pipelined_patch(&piped, nt as u8, &storage.fusions) {
-                                    (g, piped)
-                                } else {
-                                    (g, staged)
-                                }
+                                (g, piped)
+                            } else if fits && fixed_shape_matches(g, &staged, nt as u8) {
+                                (g, staged)
                             } else {
                                 (gather, p)
                             }
