@@ -688,7 +688,7 @@ pub struct Fusions {
     /// (`fixed_shape_matches`). `TOONFLOW_NEURAL_NARROW_PATCH=0` turns it off.
     pub narrow_patch: bool,
     /// A residual Add folded into the convolution before it also when its stage ends in an
-    /// activation (`residual_activation`). `TOONFLOW_NEURAL_RESIDUAL_ACT=0` turns it off.
+    /// activation (`FoldedAdd::act`). `TOONFLOW_NEURAL_RESIDUAL_ACT=0` turns it off.
     pub residual_act: bool,
 }
 
@@ -1355,19 +1355,27 @@ struct Folds {
     input: HashMap<usize, (usize, Gather)>,
     /// conv stage → the NCHW → NHWC Transpose after it, folded into its epilogue.
     output: HashMap<usize, usize>,
-    /// conv stage → (the residual Add stage after it, folded into its epilogue, and the Add's
-    /// other addend).
-    residual: HashMap<usize, (usize, String)>,
-    /// conv stage → the activation that ends its folded residual Add's stage (Add, then Relu,
-    /// LeakyRelu, ...: a residual block's output), applied to the sum in the epilogue.
-    residual_act: HashMap<usize, Activation>,
+    /// conv stage → the residual Add stage after it, folded into its epilogue.
+    residual: HashMap<usize, FoldedAdd>,
+}
+
+/// A residual Add folded into the epilogue of the convolution before it.
+#[derive(Debug)]
+struct FoldedAdd {
+    /// The Add's stage.
+    stage: usize,
+    /// The Add's other addend.
+    skip: String,
+    /// The activation that ends the Add's stage (Add, then Relu, LeakyRelu, ...: a residual
+    /// block's output), applied to the sum; `Activation::None` when the Add stands alone.
+    act: Activation,
 }
 
 impl Folds {
     fn folded(&self, stage: usize) -> bool {
         self.input.values().any(|&(r, _)| r == stage)
             || self.output.values().any(|&t| t == stage)
-            || self.residual.values().any(|(a, _)| *a == stage)
+            || self.residual.values().any(|r| r.stage == stage)
     }
 }
 
@@ -1449,15 +1457,15 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
         // may be written over the addend while other blocks still gather)
         // (alone, or followed by an activation of its sum that ends the stage)
         let (add, post) = match next.nodes.as_slice() {
-            [add] => (add, None),
+            [add] => (add, Activation::None),
             [add, act]
                 if storage.fusions.residual_act
                     && act.input.first() == add.output.first()
                     && act.output.first() == next.outputs.first() =>
             {
-                match residual_activation(l, act) {
-                    Some(a) => (add, Some(a)),
-                    None => continue,
+                match node_activation(l, act) {
+                    Ok(Some(a)) => (add, a),
+                    _ => continue,
                 }
             }
             _ => continue,
@@ -1487,23 +1495,27 @@ fn folds(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>) -> Fol
             && Some(skip) != x
             && Some(skip) != source
         {
-            f.residual.insert(i, (i + 1, skip.clone()));
-            if let Some(a) = post {
-                f.residual_act.insert(i, a);
-            }
+            f.residual.insert(
+                i,
+                FoldedAdd {
+                    stage: i + 1,
+                    skip: skip.clone(),
+                    act: post,
+                },
+            );
         }
     }
     f
 }
 
-/// The activation node `n` as the epilogue applies it after a folded residual Add, when it is
-/// one it can (Clip with constant bounds).
-fn residual_activation(l: &Lowered, n: &NodeProto) -> Option<Activation> {
-    match n.op_type.as_str() {
-        "Clip" => clip_bounds(l, n).map(|(lo, hi)| Activation::Clip(lo, hi)),
-        "Relu" | "LeakyRelu" | "Sigmoid" | "Tanh" => activation(Some(n)).ok(),
-        _ => None,
+/// Activation node `n` as a convolution's epilogue applies it (`lower::activation`; Clip's
+/// bounds from its constant inputs or attributes): `Ok(None)` for a Clip whose bounds are
+/// computed, an error for an operator that is no activation.
+fn node_activation(l: &Lowered, n: &NodeProto) -> Result<Option<Activation>, NeuralError> {
+    if n.op_type == "Clip" {
+        return Ok(clip_bounds(l, n).map(|(lo, hi)| Activation::Clip(lo, hi)));
     }
+    activation(Some(n)).map(Some)
 }
 
 /// A 1x1 convolution whose output only a normalization's statistics read, of an fp16 NCHW
@@ -1629,7 +1641,7 @@ fn channels_last_values(
         let addend_folded = folds
             .residual
             .values()
-            .any(|(add, skip)| *add == i && skip == v);
+            .any(|r| r.stage == i && r.skip == *v);
         (resize_folded && first_input(s).as_deref() == Some(v)) || addend_folded
     };
     // what tensor-core epilogues write
@@ -1639,7 +1651,7 @@ fn channels_last_values(
             continue;
         }
         written.push(match folds.residual.get(&i) {
-            Some((add, _)) => l.stages[*add].outputs[0].clone(),
+            Some(r) => l.stages[r.stage].outputs[0].clone(),
             None => s.outputs[0].clone(),
         });
     }
@@ -1702,8 +1714,8 @@ fn channels_last_values(
             }
         }
         // a folded Add's addend and output: both or neither
-        for (add, skip) in folds.residual.values() {
-            let sum = &l.stages[*add].outputs[0];
+        for FoldedAdd { stage, skip, .. } in folds.residual.values() {
+            let sum = &l.stages[*stage].outputs[0];
             if out.contains_key(sum) != out.contains_key(skip) {
                 dropped.push(sum.clone());
                 dropped.push(skip.clone());
@@ -1966,9 +1978,9 @@ pub fn build(
         not_stored.insert(l.stages[conv].outputs[0].as_str(), ());
         written_by.insert(l.stages[t].outputs[0].as_str(), conv as u32);
     }
-    for (&conv, (add, _)) in &folds.residual {
+    for (&conv, r) in &folds.residual {
         not_stored.insert(l.stages[conv].outputs[0].as_str(), ());
-        written_by.insert(l.stages[*add].outputs[0].as_str(), conv as u32);
+        written_by.insert(l.stages[r.stage].outputs[0].as_str(), conv as u32);
     }
     // a chain that the next convolution may take into its gather (`prologue_chain`) is read by
     // each of that convolution's blocks for its coefficients: its per-channel operands live
@@ -2308,7 +2320,7 @@ pub fn build(
                 let residual = folds.residual.get(&i);
                 let (y, y_nhwc) = match (folds.output.get(&i), residual) {
                     (Some(&t), _) => (places[&l.stages[t].outputs[0]], true),
-                    (None, Some((a, _))) => (places[&l.stages[*a].outputs[0]], false),
+                    (None, Some(r)) => (places[&l.stages[r.stage].outputs[0]], false),
                     (None, None) => (
                         *places
                             .get(out)
@@ -2317,11 +2329,11 @@ pub fn build(
                     ),
                 };
                 let res = match residual {
-                    Some((_, skip)) => Some(place(&places, &mut st, skip)?),
+                    Some(r) => Some(place(&places, &mut st, &r.skip)?),
                     None => None,
                 };
                 let (res_act, res_act_a, res_act_b) =
-                    act_code(folds.residual_act.get(&i).copied().unwrap_or_default());
+                    act_code(residual.map_or(Activation::None, |r| r.act));
                 // the convolution's value as its own fp16 storage would hold it, before the
                 // folded stage (unless the store rounds anyway)
                 let y_round = half_of.get(out.as_str()) == Some(&true)
@@ -2438,12 +2450,9 @@ pub fn build(
                     None => 0,
                 };
                 let act = match act_node {
-                    Some(n) if n.op_type == "Clip" => {
-                        let (lo, hi) = clip_bounds(l, n)
-                            .ok_or_else(|| unsupported(i, s, "computed Clip bounds"))?;
-                        Activation::Clip(lo, hi)
-                    }
-                    other => activation(other)?,
+                    Some(n) => node_activation(l, n)?
+                        .ok_or_else(|| unsupported(i, s, "computed Clip bounds"))?,
+                    None => Activation::None,
                 };
                 let (act, act_a, act_b) = act_code(act);
                 let mma = on_tensor_cores(l, storage, &half_of, &folds, i);
