@@ -720,7 +720,10 @@ __device__ __forceinline__ void nn_tc_taps_general(unsigned int addr, const uint
     }
 }
 
-template <typename O, int NT, int GATHER>
+// RES_PAIRS: the host launches it only with a folded fp16 residual Add into a channels-last
+// fp16 output of even channels, whose epilogue reads and writes channel pairs (a kernel of its
+// own: the branch in the shared epilogue cost the other layers 10-20 %)
+template <typename O, int NT, int GATHER, bool RES_PAIRS = false>
 __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 {
 #if __CUDA_ARCH__ >= 800
@@ -1040,7 +1043,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             }
         return;
     }
-    const bool pairs = sizeof(typename O::T) == 2 && y_cs == 1 && !res && (cout & 1) == 0;
+    const bool pairs = RES_PAIRS || (sizeof(typename O::T) == 2 && y_cs == 1 && !res && (cout & 1) == 0);
 #pragma unroll
     for (int n = 0; n < NT; n++) {
         if (n >= ntn)
@@ -1075,6 +1078,16 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                 }
                 const long long at0 = (long long)oc0 * y_cs + row + (long long)ox * y_ps;
                 if (pairs) {
+                    if (RES_PAIRS) {
+                        // the folded residual Add: this thread alone reads and writes the pair
+                        const unsigned int r = __ldg((const unsigned int*)((const unsigned short*)res + at0));
+                        v[0] += half_bits_to_float((unsigned short)(r & 0xffffu));
+                        v[1] += half_bits_to_float((unsigned short)(r >> 16));
+                        if (res_act) {
+                            v[0] = nn_activate(v[0], res_act, res_act_a, res_act_b);
+                            v[1] = nn_activate(v[1], res_act, res_act_a, res_act_b);
+                        }
+                    }
                     *(unsigned int*)(y + at0) = nn_pack2(float_to_half_bits(v[0]), float_to_half_bits(v[1]));
                     continue;
                 }
@@ -1116,6 +1129,7 @@ extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_tp(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3>(p); }
+extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3p(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3, true>(p); }
 // (four tiles: launched double-buffered only, NnConv::stages)
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
 // (eight tiles at 128 registers, 4 blocks a multiprocessor: it fits without spills, 142 unbounded)

@@ -673,16 +673,22 @@ fn tensor_core_chains_store_channels_last() {
                     .count()
             };
             use MmaGather::{
-                ChannelsLast, ChannelsLast3x3, ChannelsLast3x3Resize, ChannelsLast3x3S2,
-                ChannelsLastPaired, TapPacked, TapPacked7x7,
+                ChannelsLast, ChannelsLast3x3, ChannelsLast3x3Residual, ChannelsLast3x3Resize,
+                ChannelsLast3x3S2, ChannelsLastPaired, TapPacked, TapPacked7x7,
             };
             let cl_convs = count(&[
                 ChannelsLast,
                 ChannelsLast3x3,
                 ChannelsLast3x3Resize,
+                ChannelsLast3x3Residual,
                 ChannelsLast3x3S2,
             ]);
-            let compiled_3x3 = count(&[ChannelsLast3x3, ChannelsLast3x3Resize, ChannelsLast3x3S2]);
+            let compiled_3x3 = count(&[
+                ChannelsLast3x3,
+                ChannelsLast3x3Resize,
+                ChannelsLast3x3Residual,
+                ChannelsLast3x3S2,
+            ]);
             let packed = count(&[TapPacked, TapPacked7x7]);
             let stem_7x7 = count(&[TapPacked7x7]);
             let paired = count(&[ChannelsLastPaired]);
@@ -1415,6 +1421,79 @@ fn tensor_core_weights_are_b_fragments() {
                 }
             }
         }
+    }
+}
+
+/// The two-tile fixed 3x3 kernels with a folded fp16 residual Add take the kernel that reads
+/// and writes it a channel pair at a time (`MmaGather::ChannelsLast3x3Residual`, no GPU needed
+/// to plan): tiny_16 and the real tiny (when here) at 1920x1088 have such layers (their
+/// full-resolution and half-resolution Resize convolutions), none with the switch off.
+#[test]
+fn residual_pairs_are_planned_for_two_tile_3x3_layers() {
+    use gsttoonflow::cuda::neural::program::{MmaGather, build};
+    let mut models = vec![tiny_16()];
+    models.extend(real_tiny());
+    for model in &models {
+        let spec = model.specialise(1088, 1920).unwrap();
+        let count = |fusions: Fusions| {
+            let storage = Storage {
+                fusions,
+                ..Storage::uniform(spec.stage_count(), true)
+            };
+            let p = build(&spec, &storage, 0, 0).unwrap();
+            p.launches
+                .iter()
+                .filter(|l| {
+                    matches!(
+                        l.kernel,
+                        Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3Residual)
+                    )
+                })
+                .count()
+        };
+        let on = count(Fusions::ALL);
+        let off = count(Fusions {
+            residual_pairs: false,
+            ..Fusions::ALL
+        });
+        println!("{} 1920x1088: {on} residual-pair launches", model.name());
+        assert!(on >= 1, "{}: no residual-pair launch", model.name());
+        assert_eq!(off, 0);
+    }
+}
+
+/// The residual-pair epilogue computes what the one-value-at-a-time epilogue does: the same
+/// bits (tiny_16 and the real tiny, when here, at 1920x1088).
+#[test]
+fn residual_pairs_keep_the_bits() {
+    need_gpu!();
+    let mut models = vec![tiny_16()];
+    models.extend(real_tiny());
+    for model in &models {
+        let input = photo_tensor(model, "chelsea.png", 1920, 1088);
+        let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+        let mut pairs = gpu_with(&spec, true, false, true, Fusions::ALL);
+        let mut single = gpu_with(
+            &spec,
+            true,
+            false,
+            true,
+            Fusions {
+                residual_pairs: false,
+                ..Fusions::ALL
+            },
+        );
+        let a = run_gpu(&mut pairs, &input);
+        let b = run_gpu(&mut single, &input);
+        println!("{}: {} values", model.name(), a.data.len());
+        assert!(
+            a.data
+                .iter()
+                .zip(&b.data)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{}: the residual-pair epilogue changed the output",
+            model.name()
+        );
     }
 }
 

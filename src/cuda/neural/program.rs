@@ -425,6 +425,10 @@ pub enum MmaGather {
     /// taps reach once a chunk (`NnConv::rs_patch`, `resize_patch`) instead of loading four
     /// for every tile pixel.
     ChannelsLast3x3Resize,
+    /// As `ChannelsLast3x3` (two channel tiles, one stage) with a folded fp16 residual Add into
+    /// a channels-last fp16 output of even channels: the epilogue reads the addend and writes
+    /// the sum a channel pair at a time (`fixed_shape_matches`).
+    ChannelsLast3x3Residual,
     /// Tap-packed as `TapPacked`, a 7x7 convolution of stride 1 and dilation 1 over at most 4
     /// channels (the stem: 4 taps a virtual tap), its shape compiled in as `ChannelsLast3x3`'s.
     TapPacked7x7,
@@ -437,7 +441,8 @@ impl MmaGather {
         match self {
             MmaGather::ChannelsLast3x3
             | MmaGather::ChannelsLast3x3S2
-            | MmaGather::ChannelsLast3x3Resize => 9,
+            | MmaGather::ChannelsLast3x3Resize
+            | MmaGather::ChannelsLast3x3Residual => 9,
             MmaGather::TapPacked7x7 => 7 * 2,
             MmaGather::ChannelsLastPaired => 7 * 4,
             _ => 0,
@@ -465,7 +470,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 44;
+    pub const COUNT: usize = 45;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -504,7 +509,8 @@ impl Kernel {
         all[n + 5] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3S2);
         all[n + 6] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3);
         all[n + 7] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3Resize);
-        n += 8;
+        all[n + 8] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3Residual);
+        n += 9;
         let mut t = 0;
         while t < 3 {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked7x7);
@@ -567,6 +573,7 @@ impl Kernel {
             Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_2_c3",
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Residual) => "nn_conv_mma_hh_2_c3p",
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_4_c3r",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_8_c3r",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_1_c3s2",
@@ -690,6 +697,10 @@ pub struct Fusions {
     /// A residual Add folded into the convolution before it also when its stage ends in an
     /// activation (`FoldedAdd::act`). `TOONFLOW_NEURAL_RESIDUAL_ACT=0` turns it off.
     pub residual_act: bool,
+    /// The fixed two-tile 3x3 with a folded fp16 residual reads and writes it a channel pair
+    /// at a time (`MmaGather::ChannelsLast3x3Residual`). `TOONFLOW_NEURAL_RESIDUAL_PAIRS=0`
+    /// turns it off.
+    pub residual_pairs: bool,
 }
 
 impl Fusions {
@@ -704,6 +715,7 @@ impl Fusions {
         pipelined_patch: true,
         narrow_patch: true,
         residual_act: true,
+        residual_pairs: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -716,6 +728,7 @@ impl Fusions {
         pipelined_patch: false,
         narrow_patch: false,
         residual_act: false,
+        residual_pairs: false,
     };
 
     /// These fusions with every double-buffered gather single-buffered (a card whose
@@ -742,6 +755,7 @@ impl Fusions {
             pipelined_patch: switch("TOONFLOW_NEURAL_PIPELINE_PATCH", true),
             narrow_patch: switch("TOONFLOW_NEURAL_NARROW_PATCH", true),
             residual_act: switch("TOONFLOW_NEURAL_RESIDUAL_ACT", true),
+            residual_pairs: switch("TOONFLOW_NEURAL_RESIDUAL_PAIRS", true),
         }
     }
 }
@@ -1082,6 +1096,16 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
         // double-buffered it wins
         MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1) && (nt != 4 || p.stages == 2),
         MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 2,
+        // ncu, H100: the real tiny's Resize convolutions at two tiles 177 -> 158 and 70 -> 66 µs
+        MmaGather::ChannelsLast3x3Residual => {
+            shape == (3, 3, 1, 1, 1, 1, 1)
+                && nt == 2
+                && p.stages == 1
+                && p.res != 0
+                && p.res_half != 0
+                && p.y_cs == 1
+                && p.cout % 2 == 0
+        }
         MmaGather::ChannelsLast3x3Resize => {
             // the patch sits where a prologue chain's coefficients would: never both; at four
             // tiles single-buffered it lost
@@ -2667,6 +2691,21 @@ pub fn build(
                             }
                         }
                         _ => (gather, p),
+                    };
+                    // a folded fp16 residual read and written a channel pair at a time
+                    let gather = match gather {
+                        MmaGather::ChannelsLast3x3
+                            if y.half
+                                && storage.fusions.residual_pairs
+                                && fixed_shape_matches(
+                                    MmaGather::ChannelsLast3x3Residual,
+                                    &p,
+                                    nt as u8,
+                                ) =>
+                        {
+                            MmaGather::ChannelsLast3x3Residual
+                        }
+                        g => g,
                     };
                     let kernel = Kernel::ConvMma(y.half, nt as u8, gather);
                     let gz = (n_tiles as u32).div_ceil(nt);
