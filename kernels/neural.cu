@@ -454,6 +454,28 @@ __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc
 // past pack zero. First each table pixel is read once and staged as one slot word (8 or 16
 // bytes), then each tile pixel assembles its chunk from pack staged words: two 16-byte stores
 // a tile pixel, no scattered 2-byte ones.
+// A staged table pixel's NC channel values (cin of them, then zeros) as fp16 bits: read from
+// the input at `at` (fp32 or fp16), or the zero padding (x -1) or the Pad's fill (x -2).
+template <int NC>
+__device__ __forceinline__ void nn_tc_stage_values(const void* __restrict__ x, bool x_f32, long long off,
+                                                   long long x_cs, int2 at, int cin, unsigned short fill_bits,
+                                                   unsigned short (&h)[NC])
+{
+    if (at.x >= 0) {
+        // every channel's load issued before any is used
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+            h[c] = c >= cin  ? (unsigned short)0
+                   : x_f32 ? float_to_half_bits(__ldg((const float*)x + off + c * x_cs))
+                           : __ldg((const unsigned short*)x + off + c * x_cs);
+    } else {
+        const unsigned short v = at.x == -1 ? (unsigned short)0 : fill_bits;
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+            h[c] = c < cin ? v : (unsigned short)0;
+    }
+}
+
 __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p, const int2* source,
                                                     const int* axis_source, unsigned short* tile,
                                                     int rows, int cols, int scols,
@@ -463,28 +485,25 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
     const bool wide = cin > 4; // slots of 8 halves, else 4
     // the staging after the table, 16-byte aligned
     unsigned short* staged = (unsigned short*)(source + ((rows * scols + 1) & ~1));
+    // the input's layout read once (the loop below would otherwise read it again a channel)
+    const void* __restrict__ x = (const void*)p->x;
+    const bool x_f32 = p->x_f32;
+    const long long x_rs = p->x_rs, x_ps = p->x_ps, x_cs = p->x_cs;
     for (int se = threadIdx.x; se < rows * scols; se += blockDim.x) {
         // a fixed shape's separable table (nn_tc_axis_source), else the full one
         const int2 at = axis_source ? nn_tc_combine(axis_source[se / scols], axis_source[rows + se % scols])
                                     : source[se];
-        const long long off = (long long)at.x * p->x_rs + (long long)at.y * p->x_ps;
-        unsigned short h[8];
-#pragma unroll
-        for (int c = 0; c < 8; c++) {
-            if (c >= cin || at.x == -1)
-                h[c] = 0;
-            else if (at.x == -2)
-                h[c] = fill_bits;
-            else if (p->x_f32)
-                h[c] = float_to_half_bits(__ldg((const float*)p->x + off + (long long)c * p->x_cs));
-            else
-                h[c] = __ldg((const unsigned short*)p->x + off + (long long)c * p->x_cs);
-        }
-        if (wide)
+        const long long off = (long long)at.x * x_rs + (long long)at.y * x_ps;
+        if (wide) {
+            unsigned short h[8];
+            nn_tc_stage_values<8>(x, x_f32, off, x_cs, at, cin, fill_bits, h);
             *(uint4*)(staged + se * 8) = make_uint4(nn_pack2(h[0], h[1]), nn_pack2(h[2], h[3]),
                                                     nn_pack2(h[4], h[5]), nn_pack2(h[6], h[7]));
-        else
+        } else {
+            unsigned short h[4];
+            nn_tc_stage_values<4>(x, x_f32, off, x_cs, at, cin, fill_bits, h);
             *(uint2*)(staged + se * 4) = make_uint2(nn_pack2(h[0], h[1]), nn_pack2(h[2], h[3]));
+        }
     }
     __syncthreads();
     for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
@@ -598,6 +617,8 @@ struct NnFixedShape<NN_GATHER_TP_7X7> : NnShape<7, 2, 4, 4, 1> {};
 // Registers per thread: the one- and two-tile variants (the full-resolution 16-channel layers,
 // latency-bound on their gathers) are held to 64 so that eight blocks share a multiprocessor.
 #define NN_TC_BOUNDS(NT) __launch_bounds__(32 * NN_TC_ROWS, (NT) <= 2 ? 8 : 1)
+// The 7x7 kernels run NN_TC_ROWS or NN_TC_TALL_ROWS warps a block, held to the same registers.
+#define NN_TC_TALL_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 8 * NN_TC_ROWS / NN_TC_TALL_ROWS : 1)
 
 // One 16-byte cp.async (global -> shared, cached in L2 only: a tile pixel is read again by the
 // neighbouring blocks, not by this one).
@@ -730,6 +751,11 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     typedef NnFixedShape<GATHER> F;
     constexpr bool fixed = F::kh > 0;
     constexpr bool packed = GATHER == NN_GATHER_TAP_PACKED || GATHER == NN_GATHER_TP_7X7;
+    // the 7x7 kernels take their block's output rows from the launch (a warp a row: the host's
+    // tall blocks, NN_TC_TALL_ROWS, share each tile row's gather among more outputs); the
+    // others compile NN_TC_ROWS in
+    constexpr bool tall = GATHER == NN_GATHER_TP_7X7 || GATHER == NN_GATHER_CL_PAIRED;
+    const int block_rows = tall ? (int)(blockDim.x >> 5) : NN_TC_ROWS;
     // the gathers that read channels-last inputs (nn_tc_fetch_nhwc)
     constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || (fixed && !packed);
     constexpr bool staged_resize = GATHER == NN_GATHER_CL_3X3_RS;
@@ -749,7 +775,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const bool paired = GATHER == NN_GATHER_CL_PAIRED;
-    const int oy0 = p->row0 + blockIdx.y * NN_TC_ROWS;
+    const int oy0 = p->row0 + blockIdx.y * block_rows;
     const int ox0 = blockIdx.x * (paired ? NN_TC_COLS - 1 : NN_TC_COLS);
     const int nt0 = blockIdx.z * NT;
     const int ntn = min(NT, p->n_tiles - nt0);
@@ -761,7 +787,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     const int pack = fixed ? F::pack : GATHER == NN_GATHER_TAP_PACKED ? p->pack : 1;
     const int kw_v = fixed ? F::kw_v : (p->kw + pack - 1) / pack;
     const int dw_v = fixed ? F::dw_v : p->dw * pack;
-    const int rows = fixed ? (NN_TC_ROWS - 1) * F::s + F::kh : (NN_TC_ROWS - 1) * p->sh + (p->kh - 1) * p->dh + 1;
+    const int rows = fixed ? (block_rows - 1) * F::s + F::kh : (block_rows - 1) * p->sh + (p->kh - 1) * p->dh + 1;
     const int cols = fixed ? (NN_TC_COLS - 1) * F::s + (F::kw_v - 1) * F::dw_v + 1
                            : (NN_TC_COLS - 1) * p->sw + (kw_v - 1) * dw_v + 1;
     const int scols = paired ? cols : cols + (pack - 1) * (fixed ? 1 : p->dw);
@@ -1140,11 +1166,11 @@ extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3_RS>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3_S2>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_S2>(p); }
-extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TP_7X7>(p); }
-extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TP_7X7>(p); }
-extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TP_7X7>(p); }
-extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hf_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CL_PAIRED>(p); }
-extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_PAIRED>(p); }
+extern "C" __global__ void NN_TC_TALL_BOUNDS(1) nn_conv_mma_hh_1_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TP_7X7>(p); }
+extern "C" __global__ void NN_TC_TALL_BOUNDS(2) nn_conv_mma_hh_2_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TP_7X7>(p); }
+extern "C" __global__ void NN_TC_TALL_BOUNDS(4) nn_conv_mma_hh_4_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TP_7X7>(p); }
+extern "C" __global__ void NN_TC_TALL_BOUNDS(1) nn_conv_mma_hf_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CL_PAIRED>(p); }
+extern "C" __global__ void NN_TC_TALL_BOUNDS(1) nn_conv_mma_hh_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_PAIRED>(p); }
 
 extern "C" __global__ void nn_conv_ff(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF32>(p); }
 extern "C" __global__ void nn_conv_fh(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF16>(p); }

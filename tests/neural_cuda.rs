@@ -657,7 +657,7 @@ fn residual_adds_fold_the_activation_after_them() {
 #[test]
 fn tensor_core_chains_store_channels_last() {
     use gsttoonflow::cuda::neural::program::{
-        Kernel, MmaGather, build, conv_shared_bytes, fixed_shape_matches,
+        Kernel, MmaGather, build, conv_shared_bytes_rows, fixed_shape_matches,
     };
     let mut models: Vec<NeuralModel> = generated().into_iter().map(|m| m.0).collect();
     models.extend(real_tiny());
@@ -698,7 +698,10 @@ fn tensor_core_chains_store_channels_last() {
                 if let Kernel::ConvMma(_, nt, gather) = l.kernel {
                     let c: gsttoonflow::cuda::neural::program::NnConv = params(&p, l);
                     assert!(fixed_shape_matches(gather, &c, nt), "{:?}", l.kernel);
-                    assert_eq!(l.shared, conv_shared_bytes(gather, nt, &c));
+                    assert_eq!(
+                        l.shared,
+                        conv_shared_bytes_rows(gather, nt, &c, l.block.0 / 32)
+                    );
                     assert!(l.shared <= 48 * 1024, "{:?}: {} bytes", l.kernel, l.shared);
                 }
             }
@@ -1459,6 +1462,110 @@ fn residual_pairs_are_planned_for_two_tile_3x3_layers() {
         println!("{} 1920x1088: {on} residual-pair launches", model.name());
         assert!(on >= 1, "{}: no residual-pair launch", model.name());
         assert_eq!(off, 0);
+    }
+}
+
+/// The 7x7 kernels (the stem, the paired output convolution) run `TC_TALL_ROWS` rows a block
+/// (no GPU needed to plan): on tiny_16 and the real tiny (when here) at 1920x1088 every 7x7
+/// tensor-core launch has eight warps and a grid of that many rows a block, within the shared
+/// memory the kernels are opted in to; no other launch changes; with the switch off every
+/// tensor-core launch has four warps.
+#[test]
+fn seven_by_seven_kernels_run_tall_blocks() {
+    use gsttoonflow::cuda::neural::program::{
+        TC_ROWS, TC_SHARED_OPT_IN, TC_TALL_ROWS, build, conv_shared_bytes_rows,
+    };
+    let mut models = vec![tiny_16()];
+    models.extend(real_tiny());
+    for model in &models {
+        let spec = model.specialise(1088, 1920).unwrap();
+        let plan = |fusions: Fusions| {
+            let storage = Storage {
+                fusions,
+                ..Storage::uniform(spec.stage_count(), true)
+            };
+            build(&spec, &storage, 0, 0).unwrap()
+        };
+        let tall = plan(Fusions::ALL);
+        let short = plan(Fusions {
+            tall_7x7: false,
+            ..Fusions::ALL
+        });
+        assert_eq!(tall.launches.len(), short.launches.len());
+        let mut tall_launches = 0;
+        for (a, b) in tall.launches.iter().zip(&short.launches) {
+            assert_eq!(a.kernel, b.kernel);
+            let Kernel::ConvMma(_, nt, gather) = a.kernel else {
+                assert_eq!((a.grid, a.block), (b.grid, b.block));
+                continue;
+            };
+            let c: gsttoonflow::cuda::neural::program::NnConv = params(&tall, a);
+            assert_eq!(b.block.0, 32 * TC_ROWS, "{:?}", b.kernel);
+            if gather.tall() {
+                tall_launches += 1;
+                assert_eq!(b.grid.1, (c.oh as u32).div_ceil(TC_ROWS));
+                assert_eq!(a.block.0, 32 * TC_TALL_ROWS, "{:?}", a.kernel);
+                assert_eq!(a.grid.1, (c.oh as u32).div_ceil(TC_TALL_ROWS));
+                assert_eq!(
+                    a.shared,
+                    conv_shared_bytes_rows(gather, nt, &c, TC_TALL_ROWS)
+                );
+                assert!(a.shared <= TC_SHARED_OPT_IN && a.shared > b.shared);
+            } else {
+                assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
+            }
+        }
+        println!(
+            "{} 1920x1088: {tall_launches} tall 7x7 launches",
+            model.name()
+        );
+        // the stem and the output convolution
+        assert_eq!(tall_launches, 2, "{}", model.name());
+    }
+}
+
+/// A tall block computes each output as a four-row block does (the same taps in the same
+/// order): the same bits, on tiny_16 and the real tiny (when here) at 1920x1088 and 640x368.
+/// (These networks take heights in multiples of 8, so no tall block here is cut short; one
+/// that is computes its rows past the output from zero padding and stores none of them.)
+#[test]
+fn tall_7x7_blocks_keep_the_bits() {
+    need_gpu!();
+    let mut models = vec![tiny_16()];
+    models.extend(real_tiny());
+    for model in &models {
+        for (w, h) in [(1920, 1088), (640, 368)] {
+            let input = photo_tensor(model, "chelsea.png", w, h);
+            let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+            let mut tall = gpu_with(&spec, true, false, true, Fusions::ALL);
+            let mut short = gpu_with(
+                &spec,
+                true,
+                false,
+                true,
+                Fusions {
+                    tall_7x7: false,
+                    ..Fusions::ALL
+                },
+            );
+            let a = run_gpu(&mut tall, &input);
+            let b = run_gpu(&mut short, &input);
+            println!(
+                "{} {}x{}: {} values",
+                model.name(),
+                input.shape[2],
+                input.shape[1],
+                a.data.len()
+            );
+            assert!(
+                a.data
+                    .iter()
+                    .zip(&b.data)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{}: tall blocks changed the output",
+                model.name()
+            );
+        }
     }
 }
 

@@ -29,6 +29,10 @@ pub const CONV_BLOCK: (u32, u32) = (32, 4);
 /// and up to MMA_NT 8-channel tiles; its input tile (halves, TC_PIX per pixel) must fit in
 /// TC_TILE_HALVES of shared memory, else the stage takes the CUDA-core path.
 pub const TC_ROWS: u32 = 4;
+/// Output rows (warps) of a 7x7 tensor-core block (`MmaGather::tall`), where
+/// `Fusions::tall_7x7` allows: the tile's six halo rows are gathered once for eight rows of
+/// outputs, not for four.
+pub const TC_TALL_ROWS: u32 = 8;
 pub const TC_COLS: u32 = 32;
 pub const MMA_NT: u32 = 8;
 /// Blocks below which a tensor-core launch splits its output channels over more blocks (about
@@ -351,6 +355,7 @@ pub fn header() -> String {
     let defines = [
         Define::int("NN_CONV_OCB", CONV_OCB as i64),
         Define::int("NN_TC_ROWS", TC_ROWS as i64),
+        Define::int("NN_TC_TALL_ROWS", TC_TALL_ROWS as i64),
         Define::int("NN_TC_COLS", TC_COLS as i64),
         Define::int("NN_EW_VEC", EW_VEC as i64),
         Define::int("NN_GRAM_THREADS", GRAM_THREADS as i64),
@@ -447,6 +452,15 @@ impl MmaGather {
             MmaGather::ChannelsLastPaired => 7 * 4,
             _ => 0,
         }
+    }
+
+    /// Whether the kernel takes its block's output rows from the launch (`TC_TALL_ROWS`), not
+    /// compiled in (`TC_ROWS`): the 7x7 ones, whose tiles have six halo rows.
+    pub const fn tall(self) -> bool {
+        matches!(
+            self,
+            MmaGather::TapPacked7x7 | MmaGather::ChannelsLastPaired
+        )
     }
 }
 
@@ -701,6 +715,9 @@ pub struct Fusions {
     /// at a time (`MmaGather::ChannelsLast3x3Residual`). `TOONFLOW_NEURAL_RESIDUAL_PAIRS=0`
     /// turns it off.
     pub residual_pairs: bool,
+    /// The 7x7 kernels (stem, paired output convolution) run `TC_TALL_ROWS` rows a block
+    /// (`MmaGather::tall`). `TOONFLOW_NEURAL_TALL=0` turns it off.
+    pub tall_7x7: bool,
 }
 
 impl Fusions {
@@ -716,6 +733,7 @@ impl Fusions {
         narrow_patch: true,
         residual_act: true,
         residual_pairs: true,
+        tall_7x7: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -729,6 +747,7 @@ impl Fusions {
         narrow_patch: false,
         residual_act: false,
         residual_pairs: false,
+        tall_7x7: false,
     };
 
     /// These fusions with every double-buffered gather single-buffered (a card whose
@@ -756,6 +775,7 @@ impl Fusions {
             narrow_patch: switch("TOONFLOW_NEURAL_NARROW_PATCH", true),
             residual_act: switch("TOONFLOW_NEURAL_RESIDUAL_ACT", true),
             residual_pairs: switch("TOONFLOW_NEURAL_RESIDUAL_PAIRS", true),
+            tall_7x7: switch("TOONFLOW_NEURAL_TALL", true),
         }
     }
 }
@@ -926,7 +946,17 @@ fn tc_tile_fits(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> bool 
 /// Rows and columns of a tensor-core convolution block's input tile (its outputs and the halo
 /// its taps read).
 fn tc_tile(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> (usize, usize) {
-    let rows = (TC_ROWS as usize - 1) * stride.0 as usize + (k.0 - 1) * dil.0 as usize + 1;
+    tc_tile_of(TC_ROWS, k, stride, dil)
+}
+
+/// `tc_tile` for a block of `block_rows` output rows.
+fn tc_tile_of(
+    block_rows: u32,
+    k: (usize, usize),
+    stride: (i64, i64),
+    dil: (i64, i64),
+) -> (usize, usize) {
+    let rows = (block_rows as usize - 1) * stride.0 as usize + (k.0 - 1) * dil.0 as usize + 1;
     let cols = (TC_COLS as usize - 1) * stride.1 as usize + (k.1 - 1) * dil.1 as usize + 1;
     (rows, cols)
 }
@@ -946,6 +976,7 @@ fn tc_tile_halves(k: (usize, usize), stride: (i64, i64), dil: (i64, i64)) -> usi
 /// `pack` taps packed per chunk the tile is that of ceil(kw / pack) taps pack * dw apart, and
 /// the table reaches pack - 1 taps further right.
 fn tc_shared_bytes(
+    block_rows: u32,
     k: (usize, usize),
     stride: (i64, i64),
     dil: (i64, i64),
@@ -953,7 +984,7 @@ fn tc_shared_bytes(
     cin: usize,
 ) -> u32 {
     let (k, dil_v) = ((k.0, k.1.div_ceil(pack)), (dil.0, dil.1 * pack as i64));
-    let (rows, cols) = tc_tile(k, stride, dil_v);
+    let (rows, cols) = tc_tile_of(block_rows, k, stride, dil_v);
     let table_cols = cols + (pack - 1) * dil.1 as usize;
     // tap-packed: the table's pixels staged as tap_slot halves each, 16-byte aligned
     let staged = if pack > 1 {
@@ -969,6 +1000,11 @@ fn tc_shared_bytes(
 /// tap-packed keeps a separable table instead (rows + columns entries of 4 bytes, then as many
 /// 16-byte Resize tap copies), which lets more blocks share a multiprocessor.
 pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
+    conv_shared_bytes_rows(gather, nt, p, TC_ROWS)
+}
+
+/// `conv_shared_bytes` for a block of `block_rows` output rows (a tall 7x7 launch).
+pub fn conv_shared_bytes_rows(gather: MmaGather, nt: u8, p: &NnConv, block_rows: u32) -> u32 {
     let (k, stride, dil) = (
         (p.kh as usize, p.kw as usize),
         (p.sh as i64, p.sw as i64),
@@ -977,7 +1013,7 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
     let taps = gather.fixed_taps();
     // a folded prologue chain's coefficients after the table
     let pre = if p.pre != 0 { PRE_BYTES } else { 0 };
-    let full = tc_shared_bytes(k, stride, dil, p.pack as usize, p.cin as usize) + pre;
+    let full = tc_shared_bytes(block_rows, k, stride, dil, p.pack as usize, p.cin as usize) + pre;
     if taps == 0 || gather == MmaGather::TapPacked7x7 {
         // the packed gather stages its pixels after the full table; a double-buffered general
         // gather (`NnConv::stages`) holds a second tile
@@ -989,7 +1025,7 @@ pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
         return full + second + b_stage_bytes(taps, nt);
     }
     // the paired layout's tile is that of kw / 2 taps two pixels apart: the same columns
-    let (rows, cols) = tc_tile(k, stride, dil);
+    let (rows, cols) = tc_tile_of(block_rows, k, stride, dil);
     let entries = rows + cols;
     let axis = 16 * (entries.div_ceil(4) + entries);
     // a folded Resize's patch where a prologue chain's coefficients would be (one or the other)
@@ -2741,6 +2777,20 @@ pub fn build(
                         Some(b) => (b.rows, b.count),
                         None => (ys[2] as u32, 1),
                     };
+                    // a 7x7 kernel's tall blocks, where unbanded (a band's rows are a multiple of
+                    // TC_ROWS only) and within the shared memory the kernels are opted in to
+                    let block_rows = match kernel {
+                        Kernel::ConvMma(_, nt, g)
+                            if g.tall()
+                                && storage.fusions.tall_7x7
+                                && count == 1
+                                && conv_shared_bytes_rows(g, nt, &p, TC_TALL_ROWS)
+                                    <= TC_SHARED_OPT_IN =>
+                        {
+                            TC_TALL_ROWS
+                        }
+                        _ => TC_ROWS,
+                    };
                     for k in 0..count {
                         let row0 = k * rows;
                         let band_rows = rows.min(ys[2] as u32 - row0);
@@ -2751,8 +2801,8 @@ pub fn build(
                         blocks.push((
                             kernel,
                             bytemuck::bytes_of(&p).to_vec(),
-                            (gx, band_rows.div_ceil(TC_ROWS), gz),
-                            (32 * TC_ROWS, 1, 1),
+                            (gx, band_rows.div_ceil(block_rows), gz),
+                            (32 * block_rows, 1, 1),
                             i,
                         ));
                     }
@@ -3228,7 +3278,7 @@ pub fn build(
                     fixed_shape_matches(gather, &p, nt),
                     "{kernel:?} launched for a shape it does not compile in"
                 );
-                conv_shared_bytes(gather, nt, &p)
+                conv_shared_bytes_rows(gather, nt, &p, block.0 / 32)
             }
             _ => 0,
         };
@@ -3601,7 +3651,7 @@ mod tests {
             .filter_map(|line| line.strip_prefix("extern \"C\" __global__ void "))
             // a declaration may carry __launch_bounds__(...) or a macro of it before the name
             .map(|rest| {
-                match ["__launch_bounds__(", "NN_TC_BOUNDS("]
+                match ["__launch_bounds__(", "NN_TC_BOUNDS(", "NN_TC_TALL_BOUNDS("]
                     .iter()
                     .find_map(|b| rest.strip_prefix(b))
                 {
@@ -3768,20 +3818,32 @@ mod tests {
     #[test]
     fn shared_memory_holds_the_tile_and_its_source_table() {
         // 3x3 stride 1: 6 rows x 34 columns, 48 bytes of tile and 8 of table per pixel
-        assert_eq!(tc_shared_bytes((3, 3), (1, 1), (1, 1), 1, 16), 6 * 34 * 56);
+        assert_eq!(
+            tc_shared_bytes(TC_ROWS, (3, 3), (1, 1), (1, 1), 1, 16),
+            6 * 34 * 56
+        );
         // the 3-channel 7x7 stem, 4 taps packed: 10 rows x 36 columns of tile, a table of
         // 39 columns, each table pixel staged as 4 halves
         assert_eq!(
-            tc_shared_bytes((7, 7), (1, 1), (1, 1), 4, 3),
+            tc_shared_bytes(TC_ROWS, (7, 7), (1, 1), (1, 1), 4, 3),
             (10 * 36 * 48 + 10 * 39 * 8 + 390 * 8) as u32
         );
         // a compiled 3x3 block also stages a chunk's B fragments: 9 taps x 8 tiles x 256 bytes
         // at most, within 48 KiB with its tile and table
         assert_eq!(b_stage_bytes(9, 2), 9 * 2 * 32 * 8);
-        assert!(tc_shared_bytes((3, 3), (1, 1), (1, 1), 1, 16) + b_stage_bytes(9, 8) <= 48 * 1024);
+        assert!(
+            tc_shared_bytes(TC_ROWS, (3, 3), (1, 1), (1, 1), 1, 16) + b_stage_bytes(9, 8)
+                <= 48 * 1024
+        );
         // stride 2: 9 rows x 65 columns, at most 4 tiles
-        assert!(tc_shared_bytes((3, 3), (2, 2), (1, 1), 1, 16) + b_stage_bytes(9, 4) <= 48 * 1024);
-        assert!(tc_shared_bytes((3, 3), (2, 2), (1, 1), 1, 16) + b_stage_bytes(9, 8) > 48 * 1024);
+        assert!(
+            tc_shared_bytes(TC_ROWS, (3, 3), (2, 2), (1, 1), 1, 16) + b_stage_bytes(9, 4)
+                <= 48 * 1024
+        );
+        assert!(
+            tc_shared_bytes(TC_ROWS, (3, 3), (2, 2), (1, 1), 1, 16) + b_stage_bytes(9, 8)
+                > 48 * 1024
+        );
         // fixed shapes that are not tap-packed keep the separable table: the 16-channel 3x3
         // with 2 tiles 6 x 34 x 48 + (10 + 40) x 16 + 9 x 2 x 256 bytes; the paired 7x7 output
         // convolution 10 x 38 x 48 + (12 + 48) x 16 + 28 x 256, so that eight blocks (its
@@ -3831,7 +3893,7 @@ mod tests {
         // the general kernels: tile and full table (double-buffered: a second tile)
         assert_eq!(
             conv_shared_bytes(MmaGather::ChannelsLast, 2, &conv(3, 1, 1, 16)),
-            tc_shared_bytes((3, 3), (1, 1), (1, 1), 1, 16)
+            tc_shared_bytes(TC_ROWS, (3, 3), (1, 1), (1, 1), 1, 16)
         );
         let general_piped = NnConv {
             stages: 2,
@@ -3839,13 +3901,35 @@ mod tests {
         };
         assert_eq!(
             conv_shared_bytes(MmaGather::ChannelsLast, 8, &general_piped),
-            tc_shared_bytes((3, 3), (2, 2), (1, 1), 1, 16) + 9 * 65 * 48
+            tc_shared_bytes(TC_ROWS, (3, 3), (2, 2), (1, 1), 1, 16) + 9 * 65 * 48
         );
         assert!(
             conv_shared_bytes(MmaGather::ChannelsLast, 8, &general_piped) + PRE_BYTES <= 60 * 1024
         );
-        // the packed 7x7 stem: 14 virtual taps, at most 4 tiles
-        assert!(tc_shared_bytes((7, 7), (1, 1), (1, 1), 4, 3) + b_stage_bytes(14, 4) <= 48 * 1024);
+        // the packed 7x7 stem: 14 virtual taps, at most 4 tiles, also in a tall block
+        assert!(
+            tc_shared_bytes(TC_ROWS, (7, 7), (1, 1), (1, 1), 4, 3) + b_stage_bytes(14, 4)
+                <= 48 * 1024
+        );
+        let stem_tall = |nt: u8| {
+            conv_shared_bytes_rows(MmaGather::TapPacked7x7, nt, &conv(7, 1, 4, 3), TC_TALL_ROWS)
+        };
+        assert_eq!(
+            stem_tall(2),
+            (14 * 36 * 48 + 14 * 39 * 8 + 546 * 8 + 14 * 2 * 256) as u32
+        );
+        assert!(stem_tall(4) <= 48 * 1024);
+        // the paired output convolution in a tall block: 14 rows; four blocks of eight warps
+        // (the same 64-register bound) with a prologue chain's coefficients fit a
+        // multiprocessor
+        let cp_tall = conv_shared_bytes_rows(
+            MmaGather::ChannelsLastPaired,
+            1,
+            &conv(7, 1, 1, 16),
+            TC_TALL_ROWS,
+        );
+        assert_eq!(cp_tall, 14 * 38 * 48 + (13 + 52) * 16 + 28 * 256);
+        assert!(4 * (cp_tall + PRE_BYTES + 1024) <= 228 * 1024);
         // the largest tile that takes the tensor cores still fits 48 KiB without opt-in
         const { assert!(TC_TILE_HALVES * 2 + TC_TILE_HALVES / TC_PIX * 8 <= 48 * 1024) };
     }
