@@ -178,6 +178,29 @@ fn run_gpu(g: &mut NeuralGpu, input: &Tensor<f32>) -> Tensor<f32> {
     out
 }
 
+/// Asserts that two outputs hold the same bits (`what`: the change that must not alter them).
+fn assert_same_bits(a: &Tensor<f32>, b: &Tensor<f32>, what: &str) {
+    assert_eq!(a.shape, b.shape);
+    assert!(
+        a.data
+            .iter()
+            .zip(&b.data)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "{what} changed the output"
+    );
+}
+
+/// The fp16 tensor-core output of `input` with every fusion, and with `off` instead.
+fn run_with_and_without(
+    spec: &Specialised,
+    input: &Tensor<f32>,
+    off: Fusions,
+) -> (Tensor<f32>, Tensor<f32>) {
+    let on = run_gpu(&mut gpu_with(spec, true, false, true, Fusions::ALL), input);
+    let off = run_gpu(&mut gpu_with(spec, true, false, true, off), input);
+    (on, off)
+}
+
 fn max_abs(a: &Tensor<f32>, b: &Tensor<f32>) -> f32 {
     assert_eq!(a.shape, b.shape);
     cuda_common::max_abs_diff_f32(&a.data, &b.data)
@@ -384,27 +407,19 @@ fn fp16_storage_keeps_40_db_on_photos() {
                         ..Fusions::ALL
                     };
                     let plain = run_gpu(&mut gpu_with(&spec, true, false, tc, no_patch), &input);
-                    assert!(
-                        out16
-                            .data
-                            .iter()
-                            .zip(&plain.data)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{} on {photo}: the staged Resize patch changed the output",
-                        model.name()
+                    assert_same_bits(
+                        &out16,
+                        &plain,
+                        &format!("{} on {photo}: the staged Resize patch", model.name()),
                     );
                     // the double-buffered fixed 3x3 copies the same bytes and takes them
                     // through the same chain: the same bits single-buffered
                     let single = Fusions::ALL.single_buffered();
                     let plain = run_gpu(&mut gpu_with(&spec, true, false, tc, single), &input);
-                    assert!(
-                        out16
-                            .data
-                            .iter()
-                            .zip(&plain.data)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{} on {photo}: the double-buffered gather changed the output",
-                        model.name()
+                    assert_same_bits(
+                        &out16,
+                        &plain,
+                        &format!("{} on {photo}: the double-buffered gather", model.name()),
                     );
                 }
             }
@@ -1533,23 +1548,15 @@ fn tall_7x7_blocks_keep_the_bits() {
     need_gpu!();
     let mut models = vec![tiny_16()];
     models.extend(real_tiny());
+    let short = Fusions {
+        tall_7x7: false,
+        ..Fusions::ALL
+    };
     for model in &models {
         for (w, h) in [(1920, 1088), (640, 368)] {
             let input = photo_tensor(model, "chelsea.png", w, h);
             let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
-            let mut tall = gpu_with(&spec, true, false, true, Fusions::ALL);
-            let mut short = gpu_with(
-                &spec,
-                true,
-                false,
-                true,
-                Fusions {
-                    tall_7x7: false,
-                    ..Fusions::ALL
-                },
-            );
-            let a = run_gpu(&mut tall, &input);
-            let b = run_gpu(&mut short, &input);
+            let (a, b) = run_with_and_without(&spec, &input, short);
             println!(
                 "{} {}x{}: {} values",
                 model.name(),
@@ -1557,14 +1564,7 @@ fn tall_7x7_blocks_keep_the_bits() {
                 input.shape[1],
                 a.data.len()
             );
-            assert!(
-                a.data
-                    .iter()
-                    .zip(&b.data)
-                    .all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{}: tall blocks changed the output",
-                model.name()
-            );
+            assert_same_bits(&a, &b, &format!("{}: tall blocks", model.name()));
         }
     }
 }
@@ -1576,30 +1576,19 @@ fn residual_pairs_keep_the_bits() {
     need_gpu!();
     let mut models = vec![tiny_16()];
     models.extend(real_tiny());
+    let single = Fusions {
+        residual_pairs: false,
+        ..Fusions::ALL
+    };
     for model in &models {
         let input = photo_tensor(model, "chelsea.png", 1920, 1088);
         let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
-        let mut pairs = gpu_with(&spec, true, false, true, Fusions::ALL);
-        let mut single = gpu_with(
-            &spec,
-            true,
-            false,
-            true,
-            Fusions {
-                residual_pairs: false,
-                ..Fusions::ALL
-            },
-        );
-        let a = run_gpu(&mut pairs, &input);
-        let b = run_gpu(&mut single, &input);
+        let (a, b) = run_with_and_without(&spec, &input, single);
         println!("{}: {} values", model.name(), a.data.len());
-        assert!(
-            a.data
-                .iter()
-                .zip(&b.data)
-                .all(|(x, y)| x.to_bits() == y.to_bits()),
-            "{}: the residual-pair epilogue changed the output",
-            model.name()
+        assert_same_bits(
+            &a,
+            &b,
+            &format!("{}: the residual-pair epilogue", model.name()),
         );
     }
 }
@@ -1670,13 +1659,10 @@ fn the_double_buffered_resize_patch_keeps_the_bits() {
             model.name(),
             a.data.len()
         );
-        assert!(
-            a.data
-                .iter()
-                .zip(&b.data)
-                .all(|(x, y)| x.to_bits() == y.to_bits()),
-            "{}: the double-buffered Resize patch changed the output",
-            model.name()
+        assert_same_bits(
+            &a,
+            &b,
+            &format!("{}: the double-buffered Resize patch", model.name()),
         );
     }
 }
