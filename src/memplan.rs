@@ -7,13 +7,23 @@
 /// Offsets are multiples of this.
 pub const ALIGN: u64 = 256;
 
-/// A buffer to place: `bytes` live from stage `first` to stage `last`, both included.
+/// A buffer to place: `bytes` live from stage `first` to stage `last`, both included, and
+/// `grow` more bytes right after them from a later stage on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BufferRequest {
     pub name: String,
     pub bytes: u64,
     pub first: u32,
     pub last: u32,
+    pub grow: Option<Growth>,
+}
+
+/// Bytes a buffer takes on past its end from stage `from` on (a banded convolution's lag rows
+/// after the input it overwrites: before that stage other buffers may use them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Growth {
+    pub from: u32,
+    pub bytes: u64,
 }
 
 /// A placed buffer.
@@ -24,14 +34,27 @@ pub struct PlannedBuffer {
     pub first_stage: u32,
     pub last_stage: u32,
     pub offset: u64,
+    pub grow: Option<Growth>,
 }
 
 impl PlannedBuffer {
+    /// Bytes taken at its largest (grown, if it grows).
     fn aligned(&self) -> u64 {
-        self.bytes.div_ceil(ALIGN) * ALIGN
+        self.extent(self.last_stage)
+    }
+    /// Bytes taken at stages up to `last` (its growth counts once `last` reaches it).
+    fn extent(&self, last: u32) -> u64 {
+        let grown = self.grow.filter(|g| g.from <= last).map_or(0, |g| g.bytes);
+        (self.bytes + grown).div_ceil(ALIGN) * ALIGN
     }
     fn overlaps_in_time(&self, first: u32, last: u32) -> bool {
         self.first_stage <= last && first <= self.last_stage
+    }
+    /// Bytes taken while it and a buffer live from `first` to `last` both live (the last
+    /// stage of both bounds the growth).
+    fn extent_beside(&self, first: u32, last: u32) -> u64 {
+        debug_assert!(self.overlaps_in_time(first, last));
+        self.extent(self.last_stage.min(last))
     }
 }
 
@@ -97,22 +120,27 @@ impl ArenaPlan {
                 first_stage: r.first,
                 last_stage: r.last,
                 offset: 0,
+                grow: r.grow,
             };
-            let size = buf.aligned();
-            let conflicts: Vec<&PlannedBuffer> = placed
+            // each conflict with the bytes both take while both live
+            let conflicts: Vec<(u64, u64, u64)> = placed
                 .iter()
                 .filter(|p| p.overlaps_in_time(r.first, r.last))
+                .map(|p| {
+                    let mine = buf.extent_beside(p.first_stage, p.last_stage);
+                    (p.offset, p.extent_beside(r.first, r.last), mine)
+                })
                 .collect();
             let mut candidates: Vec<u64> = std::iter::once(0)
-                .chain(conflicts.iter().map(|c| c.offset + c.aligned()))
+                .chain(conflicts.iter().map(|&(offset, theirs, _)| offset + theirs))
                 .collect();
             candidates.sort_unstable();
             buf.offset = candidates
                 .into_iter()
                 .find(|&off| {
-                    conflicts
-                        .iter()
-                        .all(|c| off + size <= c.offset || c.offset + c.aligned() <= off)
+                    conflicts.iter().all(|&(offset, theirs, mine)| {
+                        off + mine <= offset || offset + theirs <= off
+                    })
                 })
                 .expect("the end of the last conflicting buffer is always free");
             placed.push(buf);
@@ -133,7 +161,7 @@ impl ArenaPlan {
             let live: u64 = buffers
                 .iter()
                 .filter(|b| b.overlaps_in_time(s, s))
-                .map(|b| b.aligned())
+                .map(|b| b.extent(s))
                 .sum();
             if live > peak_live_bytes {
                 peak_live_bytes = live;
@@ -199,9 +227,13 @@ impl ArenaPlan {
         );
         for b in &self.buffers {
             s.push_str(&format!(
-                "  {:<15} {:>11} bytes at offset {:>11}, stages {}..={}\n",
+                "  {:<15} {:>11} bytes at offset {:>11}, stages {}..={}",
                 b.name, b.bytes, b.offset, b.first_stage, b.last_stage
             ));
+            if let Some(g) = b.grow {
+                s.push_str(&format!(", {} bytes more from stage {}", g.bytes, g.from));
+            }
+            s.push('\n');
         }
         s
     }
@@ -212,13 +244,16 @@ impl ArenaPlan {
             if a.offset % ALIGN != 0 {
                 return Err(format!("{} is not aligned", a.name));
             }
-            if a.offset + a.bytes > self.arena_bytes {
+            if a.offset + a.aligned() > self.arena_bytes {
                 return Err(format!("{} runs past the arena", a.name));
             }
             for b in &self.buffers[i + 1..] {
-                let time = a.overlaps_in_time(b.first_stage, b.last_stage);
-                let space = a.offset < b.offset + b.aligned() && b.offset < a.offset + a.aligned();
-                if time && space {
+                if !a.overlaps_in_time(b.first_stage, b.last_stage) {
+                    continue;
+                }
+                let a_end = a.offset + a.extent_beside(b.first_stage, b.last_stage);
+                let b_end = b.offset + b.extent_beside(a.first_stage, a.last_stage);
+                if a.offset < b_end && b.offset < a_end {
                     return Err(format!("{} and {} overlap", a.name, b.name));
                 }
             }
@@ -241,7 +276,39 @@ mod tests {
             bytes: units * ALIGN,
             first,
             last,
+            grow: None,
         }
+    }
+
+    #[test]
+    fn a_growing_buffer_lends_its_growth_until_it_grows() {
+        // a 4-unit buffer that takes 2 more units from stage 5 on; a 2-unit buffer of stages
+        // 0..=4 fits in those units, one of stages 0..=5 does not
+        let mut grows = request("grows", 4, 0, 9);
+        grows.grow = Some(Growth {
+            from: 5,
+            bytes: 2 * ALIGN,
+        });
+        let plan = ArenaPlan::layout_best(
+            &[grows.clone(), request("early", 2, 0, 4)],
+            Vec::new(),
+            String::new(),
+        );
+        plan.validate().unwrap();
+        assert_eq!(plan.offset("early"), Some(4 * ALIGN));
+        assert_eq!(plan.arena_bytes, 6 * ALIGN);
+        assert_eq!(plan.peak_live_bytes, 6 * ALIGN);
+        let plan = ArenaPlan::layout_best(
+            &[grows, request("late", 2, 0, 5)],
+            Vec::new(),
+            String::new(),
+        );
+        plan.validate().unwrap();
+        assert_eq!(plan.arena_bytes, 8 * ALIGN);
+        // the same place for the longer-lived one is an overlap
+        let mut wrong = plan.clone();
+        wrong.buffers[1].offset = 4 * ALIGN;
+        assert!(wrong.validate().unwrap_err().contains("overlap"));
     }
 
     #[test]
@@ -261,7 +328,14 @@ mod tests {
                 .map(|k| {
                     let first = next(stages as u64) as u32;
                     let last = first + next((stages - first) as u64) as u32;
-                    request(&format!("b{k}"), 1 + next(6), first, last)
+                    let mut r = request(&format!("b{k}"), 1 + next(6), first, last);
+                    if last > first && next(3) == 0 {
+                        r.grow = Some(Growth {
+                            from: first + 1 + next((last - first) as u64) as u32,
+                            bytes: (1 + next(3)) * ALIGN,
+                        });
+                    }
+                    r
                 })
                 .collect();
             let greedy = ArenaPlan::layout(&requests, Vec::new(), String::new());

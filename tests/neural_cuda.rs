@@ -821,16 +821,17 @@ fn convolutions_over_their_dying_input_run_in_bands() {
     let (rows, count, lag) = band_geometry(192, 3, 1).unwrap();
     assert_eq!((convs.len(), count), (BANDS.min(count), count));
     assert_eq!(rows % TC_ROWS as usize, 0);
-    for (k, c) in convs.iter().enumerate() {
+    // bottom band first
+    for (k, c) in convs.iter().rev().enumerate() {
         assert_eq!(c.row0 as usize, k * rows);
         assert_eq!(
             (c.oh, c.ow, c.cin, c.cout, c.x_cs, c.y_cs),
             (192, 256, 16, 16, 1, 1)
         );
-        // the input lag rows after the output, in one buffer
-        assert_eq!(c.x - c.y, (lag * 256 * 16 * 2) as u64, "stage {stage}");
+        // the output lag rows after the input, in one buffer
+        assert_eq!(c.y - c.x, (lag * 256 * 16 * 2) as u64, "stage {stage}");
     }
-    assert!(convs.last().unwrap().row0 as usize + rows >= 192);
+    assert!(convs.first().unwrap().row0 as usize + rows >= 192);
     let full = 192 * 256 * 16 * 2;
     println!(
         "tiny_16 256x192 fp16: stage {stage} in {} bands of {rows} rows, lag {lag}; arena {} B, \

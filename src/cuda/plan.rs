@@ -94,18 +94,21 @@ pub fn classic_plan(shape: &Shape) -> MemoryPlan {
             bytes: CONTROL_OFFSET + CONTROL_BYTES,
             first: 0,
             last,
+            grow: None,
         },
         BufferRequest {
             name: STATE.into(),
             bytes: STATE_BYTES,
             first: 0,
             last,
+            grow: None,
         },
         BufferRequest {
             name: FRAME.into(),
             bytes: FRAME_BLOCK_BYTES,
             first: 0,
             last,
+            grow: None,
         },
         // Gathered by unpack, read by the analysis (by default in an extra block of the first
         // bilateral x pass, beside tiles that write the bilateral and DoG planes), which leaves
@@ -115,24 +118,28 @@ pub fn classic_plan(shape: &Shape) -> MemoryPlan {
             bytes: STATS_BYTES,
             first: 0,
             last,
+            grow: None,
         },
         BufferRequest {
             name: NV12_IN.into(),
             bytes: nv12,
             first: Stages::UNPACK,
             last: Stages::UNPACK,
+            grow: None,
         },
         BufferRequest {
             name: FEAT_L.into(),
             bytes: luma,
             first: Stages::UNPACK,
             last: st.final_(),
+            grow: None,
         },
         BufferRequest {
             name: FEAT_UV.into(),
             bytes: chroma,
             first: Stages::UNPACK,
             last: st.final_(),
+            grow: None,
         },
     ];
     if n > 0 {
@@ -142,12 +149,14 @@ pub fn classic_plan(shape: &Shape) -> MemoryPlan {
             bytes: luma,
             first: a,
             last: b,
+            grow: None,
         });
         r.push(BufferRequest {
             name: TMP_UV.into(),
             bytes: chroma,
             first: a,
             last: b,
+            grow: None,
         });
     }
     // The DoG x pass is fused into the bilateral x pass after the edge iteration, so the
@@ -162,12 +171,14 @@ pub fn classic_plan(shape: &Shape) -> MemoryPlan {
         bytes: w * h * 4,
         first: dog_first,
         last: st.final_(),
+        grow: None,
     });
     r.push(BufferRequest {
         name: DOG2.into(),
         bytes: w * h * 4,
         first: dog_first,
         last: st.final_(),
+        grow: None,
     });
     if cap > 0 {
         r.push(BufferRequest {
@@ -175,6 +186,7 @@ pub fn classic_plan(shape: &Shape) -> MemoryPlan {
             bytes: cap * (luma + chroma),
             first: 0,
             last,
+            grow: None,
         });
     }
     r.push(BufferRequest {
@@ -182,6 +194,7 @@ pub fn classic_plan(shape: &Shape) -> MemoryPlan {
         bytes: nv12,
         first: st.final_(),
         last,
+        grow: None,
     });
     let label = format!(
         "{}x{} {} history {} iterations {}",
@@ -237,6 +250,7 @@ mod tests {
             bytes,
             first,
             last,
+            grow: None,
         }
     }
 

@@ -319,6 +319,7 @@ impl Specialised {
             bytes: bytes(&self.lowered.input),
             first: 0,
             last: last(&self.lowered.input, 0),
+            grow: None,
         }];
         for (i, s) in self.lowered.stages.iter().enumerate() {
             for o in &s.outputs {
@@ -327,6 +328,7 @@ impl Specialised {
                     bytes: bytes(o),
                     first: i as u32,
                     last: last(o, i as u32),
+                    grow: None,
                 });
             }
         }

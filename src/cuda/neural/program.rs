@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use crate::kernel_abi::{Define, KernelStruct, c_header, kernel_struct};
-use crate::memplan::{ALIGN, ArenaPlan, BufferRequest};
+use crate::memplan::{ALIGN, ArenaPlan, BufferRequest, Growth};
 use crate::neural::engine::Specialised;
 use crate::neural::lower::{Lowered, Stage, StageKind, activation};
 use crate::neural::onnx::NodeProto;
@@ -1896,10 +1896,11 @@ fn affine_chain_along(p: &NnEltwise, operands: usize, axes: &[usize]) -> Option<
 pub const BANDS: usize = 6;
 
 /// A stride-1 tensor-core convolution whose channels-last input dies at it, run as `count`
-/// launches of `rows` output rows each, top to bottom, writing its output over its input's
-/// buffer: the output at the buffer's start, the input `lag` rows further on. A band's output
+/// launches of `rows` output rows each, bottom to top, writing its output over its input's
+/// buffer: the input at the buffer's start, the output `lag` rows further on. A band's output
 /// rows then land only on input rows that no later band reads, and the two tensors need one
-/// full-size buffer and `lag` rows instead of two (`band_geometry`).
+/// full-size buffer and `lag` rows instead of two (`band_geometry`); the lag rows are taken
+/// only from the band's stage on (`Growth`), so until then other buffers may use them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Band {
     stage: usize,
@@ -1913,8 +1914,9 @@ struct Band {
 /// Bands over `height` output rows of a stride-1 convolution of `kh` taps `dh` apart:
 /// (rows a band, bands, lag rows); rows are a multiple of TC_ROWS (a block's rows) and at
 /// least the kernel's reach, so reflected border rows stay inside the first and last bands'
-/// reads. Band k writes rows [k·rows, (k+1)·rows), which hold input rows lag less, all above
-/// what band k and the later bands read (from k·rows - reach on).
+/// reads. Band k writes output rows [k·rows, (k+1)·rows) over input rows [k·rows + lag,
+/// (k+1)·rows + lag), all below what band k and the bands above it read (up to
+/// (k+1)·rows + reach); the bands run bottom first.
 pub fn band_geometry(height: usize, kh: usize, dh: usize) -> Option<(usize, usize, usize)> {
     let reach = (kh.max(1) - 1) * dh;
     let rows = height.div_ceil(BANDS).div_ceil(TC_ROWS as usize) * TC_ROWS as usize;
@@ -2089,6 +2091,7 @@ pub fn build(
             bytes: bytes_of(&l.input),
             first: 0,
             last: last(&l.input, 0),
+            grow: None,
         }];
         let mut request_of: HashMap<&str, usize> = HashMap::new();
         for (i, s) in l.stages.iter().enumerate() {
@@ -2109,7 +2112,13 @@ pub fn build(
                     });
                 if let Some((r, extra)) = host.and_then(|(h, e)| Some((*request_of.get(h)?, e))) {
                     requests[r].last = requests[r].last.max(last(o, i as u32));
-                    requests[r].bytes += extra;
+                    if extra > 0 {
+                        // the lag rows after the input, taken from the band's stage on
+                        requests[r].grow = Some(Growth {
+                            from: i as u32,
+                            bytes: extra,
+                        });
+                    }
                     request_of.insert(o.as_str(), r);
                     continue;
                 }
@@ -2120,6 +2129,7 @@ pub fn build(
                     bytes: bytes_of(o),
                     first,
                     last: last(o, i as u32),
+                    grow: None,
                 });
             }
         }
@@ -2171,16 +2181,15 @@ pub fn build(
             },
         );
     }
-    // a banded convolution's output at its buffer's start, the input (and whatever shares
-    // its place) `lag` rows further
+    // a banded convolution's input (and whatever shares its place) at its buffer's start,
+    // the output `lag` rows further, in the rows the buffer grows by at the band's stage
     for band in &bands {
         let root = &requests[request_of[band.x.as_str()]].name;
         let start = places[root.as_str()].addr;
-        places.get_mut(root.as_str()).expect("placed").addr += band.lag_bytes;
         places.insert(
             band.y.clone(),
             Place {
-                addr: start,
+                addr: start + band.lag_bytes,
                 half: true,
                 elements: elements(&band.y),
                 channels_last: channels_last.get(&band.y).copied(),
@@ -2791,7 +2800,9 @@ pub fn build(
                         }
                         _ => TC_ROWS,
                     };
-                    for k in 0..count {
+                    // bottom band first: each band's output rows (lag rows down) land only on
+                    // input rows that it and the bands above it have read
+                    for k in (0..count).rev() {
                         let row0 = k * rows;
                         let band_rows = rows.min(ys[2] as u32 - row0);
                         let p = NnConv {
@@ -3759,10 +3770,10 @@ mod tests {
         assert_eq!(affine_chain_last(&p, 3), None);
     }
 
-    /// Runs the bands of `band_geometry` in order on a model of the shared buffer (row r + lag
-    /// holds input row r, the output's row r lands on row r) and checks that every input row a
-    /// band reads, through the reflected border, is still the input when it is read, and that
-    /// the output ends whole in the first `height` rows.
+    /// Runs the bands of `band_geometry` bottom first on a model of the shared buffer (row r
+    /// holds input row r, the output's row r lands on row r + lag) and checks that every input
+    /// row a band reads, through the reflected border, is still the input when it is read, and
+    /// that the output ends whole in the last `height` rows.
     #[test]
     fn bands_never_overwrite_rows_still_to_be_read() {
         #[derive(Clone, Copy, PartialEq, Debug)]
@@ -3787,27 +3798,23 @@ mod tests {
                 // any top pad from 0 to the kernel's reach keeps the size
                 for pad_top in 0..=reach {
                     let mut buffer = vec![Row::Free; height + lag];
-                    for r in 0..height {
-                        buffer[r + lag] = Row::In(r);
+                    for (r, slot) in buffer.iter_mut().enumerate().take(height) {
+                        *slot = Row::In(r);
                     }
-                    for k in 0..count {
+                    for k in (0..count).rev() {
                         let (s, e) = (k * rows, ((k + 1) * rows).min(height));
                         for o in s..e {
                             for t in 0..kh {
                                 let r = o as i64 - pad_top as i64 + (t * dh) as i64;
                                 let r = reflect(r, height as i64);
-                                assert_eq!(
-                                    buffer[r + lag],
-                                    Row::In(r),
-                                    "{height} {kh} {dh} band {k}"
-                                );
+                                assert_eq!(buffer[r], Row::In(r), "{height} {kh} {dh} band {k}");
                             }
                         }
-                        for (o, slot) in buffer.iter_mut().enumerate().take(e).skip(s) {
-                            *slot = Row::Out(o);
+                        for o in s..e {
+                            buffer[o + lag] = Row::Out(o);
                         }
                     }
-                    for (r, slot) in buffer.iter().enumerate().take(height) {
+                    for (r, slot) in buffer[lag..].iter().enumerate() {
                         assert_eq!(*slot, Row::Out(r));
                     }
                 }
