@@ -13,7 +13,7 @@
 //                      correction, the caps' matrix and range, below model-scale 1 the area
 //                      average, reflect padding, value range, NHWC or NCHW)
 //   nf_tensor_to_nv12  model-scale 1: the network's output -> the temporal output filter
-//                      against the ring of recent raw outputs (fp16) -> NV12, one thread per
+//                      against the ring of recent raw outputs (8-bit) -> NV12, one thread per
 //                      2x2 block
 //   nf_filter_scaled   below model-scale 1: the output filter at the network's content size
 //   nf_upscale_to_nv12 then the bilinear upscale to the frame -> NV12, one thread per 2x2 block
@@ -226,9 +226,17 @@ __device__ __forceinline__ unsigned char nf_code(float v)
     return (unsigned char)fminf(fmaxf(roundf(v), 0.0f), 255.0f);
 }
 
+// A ring entry's code of a nominal value: [0, 1] in 255 steps, half away from zero
+// (ring_code in src/neural/temporal.rs).
+__device__ __forceinline__ unsigned char nf_ring_code(float v)
+{
+    return (unsigned char)roundf(fminf(fmaxf(v, 0.0f), 1.0f) * 255.0f);
+}
+
 // The temporal output filter at content pixel (x, y) of the network's output: the raw
-// output against the `used` most recent ring entries (fp16, scaled_w x scaled_h), the raw
-// output into the ring's write slot; `rgb` gets the filtered nominal RGB.
+// output against the `used` most recent ring entries (8-bit codes, three planes of
+// scaled_w x scaled_h), the raw output into the ring's write slot; `rgb` gets the filtered
+// nominal RGB.
 __device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3])
 {
     const NfControl* ctl = (const NfControl*)p->control;
@@ -236,7 +244,7 @@ __device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3]
     const float pb_div = 2.0f * (1.0f - kb), pr_div = 2.0f * (1.0f - kr);
     const float inv = 1.0f / p->v_scale;
     const float* t = (const float*)p->tensor_out;
-    unsigned short* ring = (unsigned short*)p->ring;
+    unsigned char* ring = (unsigned char*)p->ring;
     const long long plane = (long long)p->scaled_w * p->scaled_h;
     const long long net_plane = (long long)p->net_w * p->net_h;
     const long long at = (long long)y * p->net_w + x, pixel = (long long)y * p->scaled_w + x;
@@ -247,10 +255,10 @@ __device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3]
     float wsum = 1.0f, sk = 1.0f;
     for (int k = 0; k < used; k++) {
         sk *= ctl->strength;
-        const unsigned short* slot = ring + (long long)ctl->recent[k] * 3 * plane;
+        const unsigned char* slot = ring + (long long)ctl->recent[k] * 3 * plane;
         float fk[3];
         for (int c = 0; c < 3; c++)
-            fk[c] = half_bits_to_float(slot[c * plane + pixel]);
+            fk[c] = (float)slot[c * plane + pixel] / 255.0f;
         const float d0 = fk[0] - f0[0], d1 = fk[1] - f0[1], d2 = fk[2] - f0[2];
         const float dy = kr * d0 + kg * d1 + kb * d2;
         const float dl = p->luma_units * dy;
@@ -264,9 +272,9 @@ __device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3]
     // the raw output joins the ring after the recent entries were read (its slot may be the
     // oldest of them)
     if (ctl->write_slot >= 0) {
-        unsigned short* slot = ring + (long long)ctl->write_slot * 3 * plane;
+        unsigned char* slot = ring + (long long)ctl->write_slot * 3 * plane;
         for (int c = 0; c < 3; c++)
-            slot[c * plane + pixel] = float_to_half_bits(f0[c]);
+            slot[c * plane + pixel] = nf_ring_code(f0[c]);
     }
     for (int c = 0; c < 3; c++)
         rgb[c] = acc[c] / wsum;

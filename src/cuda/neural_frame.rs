@@ -911,9 +911,9 @@ fn host_planes(y: *mut u8, y_pitch: usize, uv: *mut u8, uv_pitch: usize) -> [Row
     ]
 }
 
-/// Bytes of a ring of `capacity` fp16 RGB frames of `w`×`h`.
+/// Bytes of a ring of `capacity` RGB frames of `w`×`h` in 8-bit codes (`ring_code`).
 fn ring_bytes(w: usize, h: usize, capacity: usize) -> u64 {
-    (2 * 3 * w * h * capacity).max(1) as u64
+    (3 * w * h * capacity).max(1) as u64
 }
 
 #[cfg(test)]

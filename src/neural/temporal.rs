@@ -143,9 +143,11 @@ fn clamp_smoothing(a: f32) -> f32 {
 /// Works on three planes (R, G, B) of `width × height` in nominal range [0, 1], the layout
 /// of [`FrameConverter::network_rgb_mut`](super::frame::FrameConverter::network_rgb_mut), so
 /// it runs at the network's (possibly reduced) size and before the 8-bit packing. As in the
-/// classic pipeline, the ring holds the *unfiltered* outputs of the last N frames, and
+/// classic pipeline, the ring holds the *unfiltered* outputs of the last N frames, here as
+/// 8-bit codes of [0, 1] (`ring_code`: the stream they become is 8-bit, and the device's ring
+/// takes 3 bytes a pixel rather than 6 in fp16), and
 ///
-/// `out = Σ_k w_k·f_k / Σ_k w_k`, `w_0 = 1`, `w_k = s^k·exp(−d_k²/(2σ²))`
+/// `out = Σ_k w_k·f_k / Σ_k w_k`, `w_0 = 1`, `w_k = s^k·exp(−d_k²/(2σ²))`, `f_k = code_k / 255`
 ///
 /// with s = `temporal-strength`, σ = `motion-sigma`. `d_k` is the distance between `f_k` and
 /// the current pixel in the classic filter's units: 100/255 per 8-bit code of the stream's
@@ -158,9 +160,9 @@ fn clamp_smoothing(a: f32) -> f32 {
 pub struct OutputFilter {
     width: usize,
     height: usize,
-    ring: TemporalRing<Vec<f32>>,
-    /// The current frame's unfiltered copy, swapped into the ring after filtering.
-    raw: Vec<f32>,
+    ring: TemporalRing<Vec<u8>>,
+    /// The current frame's unfiltered codes, swapped into the ring after filtering.
+    raw: Vec<u8>,
     history: usize,
     strength: f32,
     /// −1/(2σ²).
@@ -197,12 +199,8 @@ impl OutputFilter {
         let mut filter = OutputFilter {
             width,
             height,
-            ring: TemporalRing::new(capacity, || vec![0.0; n]),
-            raw: if capacity > 0 {
-                vec![0.0; n]
-            } else {
-                Vec::new()
-            },
+            ring: TemporalRing::new(capacity, || vec![0; n]),
+            raw: if capacity > 0 { vec![0; n] } else { Vec::new() },
             history: capacity,
             strength: 0.0,
             motion_coeff: 0.0,
@@ -267,7 +265,9 @@ impl OutputFilter {
             return Ok(0);
         }
         let used = self.ring.len().min(self.history);
-        self.raw.copy_from_slice(rgb);
+        for (code, &v) in self.raw.iter_mut().zip(rgb.iter()) {
+            *code = ring_code(v);
+        }
         if used > 0 {
             self.filter(rgb, used);
         }
@@ -278,7 +278,7 @@ impl OutputFilter {
 
     fn filter(&self, rgb: &mut [f32], used: usize) {
         let plane = self.width * self.height;
-        let mut recent: [&[f32]; Self::MAX_HISTORY] = [&[]; Self::MAX_HISTORY];
+        let mut recent: [&[u8]; Self::MAX_HISTORY] = [&[]; Self::MAX_HISTORY];
         for (k, r) in recent.iter_mut().enumerate().take(used) {
             *r = self.ring.recent(k + 1).expect("ring entry");
         }
@@ -311,7 +311,7 @@ impl OutputFilter {
         r: &mut [f32],
         g: &mut [f32],
         b: &mut [f32],
-        recent: &[&[f32]],
+        recent: &[&[u8]],
     ) {
         let plane = self.width * self.height;
         let (kr, kb) = (self.kr, self.kb);
@@ -325,7 +325,7 @@ impl OutputFilter {
             let (mut wsum, mut sk) = (1.0f32, 1.0f32);
             for fk in recent {
                 sk *= self.strength;
-                let fk = [fk[p], fk[plane + p], fk[2 * plane + p]];
+                let fk = [fk[p], fk[plane + p], fk[2 * plane + p]].map(|c| c as f32 / 255.0);
                 let d = [fk[0] - f0[0], fk[1] - f0[1], fk[2] - f0[2]];
                 let dy = kr * d[0] + kg * d[1] + kb * d[2];
                 let dl = lu * dy;
@@ -342,6 +342,12 @@ impl OutputFilter {
             b[i] = acc[2] / wsum;
         }
     }
+}
+
+/// A ring entry's 8-bit code of a nominal value: [0, 1] in 255 steps, half away from zero
+/// (`nf_ring_code` in kernels/neural_frame.cu).
+pub fn ring_code(v: f32) -> u8 {
+    (v.clamp(0.0, 1.0) * 255.0).round() as u8
 }
 
 /// Whether a frame starts a new scene, and its score (mean absolute thumbnail change, L units).
@@ -573,6 +579,21 @@ mod tests {
     }
 
     #[test]
+    fn ring_codes_round_half_away_and_clamp() {
+        assert_eq!(ring_code(0.0), 0);
+        assert_eq!(ring_code(1.0), 255);
+        assert_eq!(ring_code(0.5), 128, "127.5 rounds up");
+        assert_eq!(ring_code(100.4 / 255.0), 100);
+        assert_eq!(ring_code(-0.2), 0);
+        assert_eq!(ring_code(1.3), 255);
+        assert_eq!(ring_code(f32::NAN), 0);
+        // every code survives the trip through its value
+        for c in 0..=255u8 {
+            assert_eq!(ring_code(c as f32 / 255.0), c);
+        }
+    }
+
+    #[test]
     fn history_zero_is_the_identity() {
         let mut f = OutputFilter::new(8, 4, 4, ColorMatrix::Bt709, ColorRange::Limited);
         f.set_params(0, 0.9, 50.0);
@@ -606,7 +627,12 @@ mod tests {
             let mut px = [v, v, v];
             let used = f.apply(&mut px).unwrap();
             assert_eq!(used, t.min(4));
-            let history = levels[..t].iter().rev().take(4).map(|h| 100.0 * h);
+            // the ring holds the earlier levels as 8-bit codes
+            let history = levels[..t]
+                .iter()
+                .rev()
+                .take(4)
+                .map(|&h| 100.0 * (ring_code(h) as f32 / 255.0));
             let want = temporal_luma(&p, 100.0 * v, history) / 100.0;
             for c in px {
                 assert!((c - want).abs() < 1e-5, "frame {t}: {c} vs {want}");
@@ -617,15 +643,17 @@ mod tests {
     #[test]
     fn limited_range_distance_is_in_code_units() {
         // A grey step of 10/219 nominal is 10 codes of limited-range luma = 3.92 L units.
+        // (from a grey the ring holds exactly: code 128)
         let mut f = OutputFilter::new(1, 1, 1, ColorMatrix::Bt709, ColorRange::Limited);
         f.set_params(1, 1.0, 3.0);
-        f.apply(&mut [0.5, 0.5, 0.5]).unwrap();
+        let grey = 128.0 / 255.0;
+        f.apply(&mut [grey; 3]).unwrap();
         let step = 10.0 / 219.0;
-        let mut px = [0.5 + step; 3];
+        let mut px = [grey + step; 3];
         f.apply(&mut px).unwrap();
         let d = 100.0 * 10.0 / 255.0;
         let w = (-d * d / 18.0f32).exp();
-        let want = (0.5 + step + w * 0.5) / (1.0 + w);
+        let want = (grey + step + w * grey) / (1.0 + w);
         assert!((px[0] - want).abs() < 1e-6, "{} vs {want}", px[0]);
     }
 
@@ -634,15 +662,13 @@ mod tests {
         let (w, h) = (64, 8);
         let mut f = OutputFilter::new(w, h, 4, ColorMatrix::Bt709, ColorRange::Limited);
         f.set_params(4, 0.9, 3.0);
+        // levels the ring holds exactly, so a static pixel keeps its value
+        let exact = |v: f32| ring_code(v) as f32 / 255.0;
         for t in 0..8 {
             let edge = 8 + 6 * t;
-            let frame = planes(
-                w,
-                h,
-                |c, x, _| {
-                    if x < edge { 0.8 - 0.1 * c as f32 } else { 0.1 }
-                },
-            );
+            let frame = planes(w, h, |c, x, _| {
+                exact(if x < edge { 0.8 - 0.1 * c as f32 } else { 0.1 })
+            });
             let mut out = frame.clone();
             f.apply(&mut out).unwrap();
             for (i, (&o, &v)) in out.iter().zip(&frame).enumerate() {
