@@ -325,7 +325,7 @@ impl OutputFilter {
             let (mut wsum, mut sk) = (1.0f32, 1.0f32);
             for fk in recent {
                 sk *= self.strength;
-                let fk = [fk[p], fk[plane + p], fk[2 * plane + p]].map(|c| c as f32 / 255.0);
+                let fk = [fk[p], fk[plane + p], fk[2 * plane + p]].map(ring_value);
                 let d = [fk[0] - f0[0], fk[1] - f0[1], fk[2] - f0[2]];
                 let dy = kr * d[0] + kg * d[1] + kb * d[2];
                 let dl = lu * dy;
@@ -348,6 +348,11 @@ impl OutputFilter {
 /// (`nf_ring_code` in kernels/neural_frame.cu).
 pub fn ring_code(v: f32) -> u8 {
     (v.clamp(0.0, 1.0) * 255.0).round() as u8
+}
+
+/// The nominal value a ring entry's code stands for (the filter's `f_k`).
+pub fn ring_value(code: u8) -> f32 {
+    code as f32 / 255.0
 }
 
 /// Whether a frame starts a new scene, and its score (mean absolute thumbnail change, L units).
@@ -589,7 +594,7 @@ mod tests {
         assert_eq!(ring_code(f32::NAN), 0);
         // every code survives the trip through its value
         for c in 0..=255u8 {
-            assert_eq!(ring_code(c as f32 / 255.0), c);
+            assert_eq!(ring_code(ring_value(c)), c);
         }
     }
 
@@ -632,7 +637,7 @@ mod tests {
                 .iter()
                 .rev()
                 .take(4)
-                .map(|&h| 100.0 * (ring_code(h) as f32 / 255.0));
+                .map(|&h| 100.0 * ring_value(ring_code(h)));
             let want = temporal_luma(&p, 100.0 * v, history) / 100.0;
             for c in px {
                 assert!((c - want).abs() < 1e-5, "frame {t}: {c} vs {want}");
@@ -646,7 +651,7 @@ mod tests {
         // (from a grey the ring holds exactly: code 128)
         let mut f = OutputFilter::new(1, 1, 1, ColorMatrix::Bt709, ColorRange::Limited);
         f.set_params(1, 1.0, 3.0);
-        let grey = 128.0 / 255.0;
+        let grey = ring_value(128);
         f.apply(&mut [grey; 3]).unwrap();
         let step = 10.0 / 219.0;
         let mut px = [grey + step; 3];
@@ -663,7 +668,7 @@ mod tests {
         let mut f = OutputFilter::new(w, h, 4, ColorMatrix::Bt709, ColorRange::Limited);
         f.set_params(4, 0.9, 3.0);
         // levels the ring holds exactly, so a static pixel keeps its value
-        let exact = |v: f32| ring_code(v) as f32 / 255.0;
+        let exact = |v: f32| ring_value(ring_code(v));
         for t in 0..8 {
             let edge = 8 + 6 * t;
             let frame = planes(w, h, |c, x, _| {
