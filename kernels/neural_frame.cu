@@ -100,6 +100,12 @@ extern "C" __global__ void nf_scene(const NfFrame* p)
         state->has_previous = 1;
         if (cut)
             ((NnControl*)p->net_control)->reset = 1;
+        // The ring's entries since the last cut or reset: the host plans a frame's ring slots
+        // before it has seen the verdicts of the frames still in flight, so the device trims
+        // the plan to what is left after them.
+        const int kept = (cut || ctl->reset) ? 0 : state->kept;
+        state->used = min(ctl->used, kept);
+        state->kept = min(kept + (ctl->write_slot >= 0 ? 1 : 0), NF_MAX_HISTORY);
     }
 }
 
@@ -280,11 +286,11 @@ __device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3]
         rgb[c] = acc[c] / wsum;
 }
 
-// Ring entries the filter reads this frame: none after a scene cut (it empties the ring).
+// Ring entries the filter reads this frame (nf_scene's count: none after a scene cut, which
+// empties the ring).
 __device__ __forceinline__ int nf_used(const NfFrame* p)
 {
-    const NfState* state = (const NfState*)p->state;
-    return state->cut ? 0 : ((const NfControl*)p->control)->used;
+    return ((const NfState*)p->state)->used;
 }
 
 // Packs the 2x2 block (cx, cy) of nominal RGB `rgb[q]` (q = 2·dy + dx) as NV12 codes: Y per

@@ -1333,6 +1333,99 @@ fn speed() {
     }
 }
 
+/// The network's overlap path (a frame queued, its upload beside the previous frame's graph,
+/// pushed from the push thread) makes the synchronous path's frames byte for byte, with every
+/// frame pushed before any is pulled: through scene cuts whose verdicts reach the host only
+/// after later frames had planned their ring slots, a DISCONT and a longer temporal-history
+/// set while playing (the ring reallocated).
+#[test]
+fn the_overlap_path_makes_the_synchronous_frames_through_cuts_and_history_changes() {
+    need_gpu!();
+    let dir = common::TempDir::new("neural-cuda-overlap");
+    let path = dir.path("tiny_like.onnx");
+    std::fs::write(&path, encode_model(&tiny_like())).unwrap();
+    let model = path.to_str().unwrap().to_string();
+    let (w, h) = (160, 96);
+    let (cat, rocket) = (
+        common::photo("chelsea.png", w, h),
+        common::photo("rocket.jpg", w, h),
+    );
+    // cat ×6, rocket ×4 (a cut), cat ×3 (a cut); DISCONT on frame 11; history 3 → 6 at 8
+    let clip: Vec<common::Nv12> = (0..13)
+        .map(|i| {
+            let base = if (6..10).contains(&i) { &rocket } else { &cat };
+            base.with_noise(4.0, i as u64 + 1)
+        })
+        .collect();
+    let run = |overlap: bool| {
+        let mut harness = gst_check::Harness::new_parse(&format!(
+            "toonflow name=t backend=cuda precision=fp16 model=\"{model}\" temporal-history=3 \
+             overlap={overlap}"
+        ));
+        harness.set_src_caps(common::nv12_caps(w, h));
+        let element = harness
+            .element()
+            .unwrap()
+            .downcast_ref::<gst::Bin>()
+            .and_then(|b| b.by_name("t"))
+            .expect("toonflow named t");
+        // the first frame calibrates (synchronously); the rest are queued back to back
+        let mut out = vec![common::push_frame(&mut harness, &clip[0])];
+        for (i, frame) in clip.iter().enumerate().skip(1) {
+            if i == 8 {
+                element.set_property("temporal-history", 6u32);
+            }
+            let mut buffer = frame.to_buffer();
+            if i == 11 {
+                buffer
+                    .get_mut()
+                    .unwrap()
+                    .set_flags(gst::BufferFlags::DISCONT);
+            }
+            harness.push(buffer).expect("push");
+        }
+        for _ in 1..clip.len() {
+            let buffer = common::pull_output(&mut harness);
+            out.push(common::Nv12::from_buffer(&buffer, &clip[0].caps()));
+        }
+        // a serialized event: the outcomes of the frames still unseen are counted first
+        assert!(harness.push_event(gst::event::Eos::new()));
+        let stats = element.property::<gst::Structure>("stats");
+        (out, stats)
+    };
+    let (queued, queued_stats) = run(true);
+    let (synchronous, synchronous_stats) = run(false);
+    let field = |s: &gst::Structure, name: &str| s.get::<u64>(name).unwrap();
+    println!(
+        "overlap: {} frames ({} queued), {} scene cuts; synchronous: {} frames ({} queued), {} \
+         scene cuts",
+        field(&queued_stats, "frames"),
+        field(&queued_stats, "frames-queued"),
+        field(&queued_stats, "scene-cuts"),
+        field(&synchronous_stats, "frames"),
+        field(&synchronous_stats, "frames-queued"),
+        field(&synchronous_stats, "scene-cuts"),
+    );
+    for (i, (a, b)) in queued.iter().zip(&synchronous).enumerate() {
+        assert!(
+            a.y() == b.y() && a.uv() == b.uv(),
+            "frame {i}: the overlap path differs from the synchronous one"
+        );
+    }
+    // the rocket, and the cat again: two cuts on either path
+    for s in [&queued_stats, &synchronous_stats] {
+        assert_eq!(field(s, "frames"), clip.len() as u64);
+        assert_eq!(field(s, "scene-cuts"), 2);
+    }
+    assert_eq!(
+        queued_stats.get::<u32>("history-used").unwrap(),
+        synchronous_stats.get::<u32>("history-used").unwrap()
+    );
+    // all but the calibrating first frame were queued with overlap on, none without
+    assert_eq!(field(&queued_stats, "frames-queued"), clip.len() as u64 - 1);
+    assert_eq!(field(&synchronous_stats, "frames-queued"), 0);
+}
+
 /// The element with backend=cuda and model=: the CPU reference's frames (fp32 storage: within
 /// one code; calibrated fp16: within three), launches per frame in the stats, the graph replayed
 /// after the warm-up.

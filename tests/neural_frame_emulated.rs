@@ -92,7 +92,7 @@ fn write_case(path: &Path, config: ConverterConfig, seed: u64) {
         put_f32(&mut out, &network.data);
         out.extend_from_slice(&y);
         out.extend_from_slice(&uv);
-        slots.commit(write.is_some(), false);
+        slots.commit(write.is_some());
     }
     std::fs::write(path, out).unwrap();
 }

@@ -10,7 +10,8 @@
 //! cache and capture), `launch` (a frame's launches), `copy` (host↔device copies), `pinned`
 //! (page-locked host memory), `staging` (pageable uploads copied in bands by a few threads),
 //! `hostreg` (foreign host memory registered with the driver while it lives), `overlap` (the
-//! overlap path's slot bookkeeping), `pipeline` ([`CudaPipeline`]), `error` ([`CudaError`]),
+//! overlap path's slot bookkeeping), `neural_frame` and `neural_overlap` (the network's frame
+//! path on the device, and its overlap path), `pipeline` ([`CudaPipeline`]), `error` ([`CudaError`]),
 //! `gstcuda` (libgstcuda-1.0 loaded at run time: GstCudaContext, GstCudaMemory, its pool; the
 //! one GStreamer-aware file here).
 
@@ -27,6 +28,7 @@ pub mod kernels;
 mod launch;
 pub mod neural;
 pub mod neural_frame;
+pub mod neural_overlap;
 pub mod overlap;
 mod pinned;
 mod pipeline;

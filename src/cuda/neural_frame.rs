@@ -6,11 +6,11 @@
 //! At model-scale below 1 the input is area-averaged down and the filtered
 //! output upscaled bilinearly, with the CPU converter's own tap lists
 //! ([`crate::neural::frame::scaling_taps`]); the ring then holds the network's content size. Per frame the host copies the NV12 planes (at page-locked speed when the
-//! element registered them, src/toonflow/hostmem.rs), a 56-byte control block up and an 8-byte
-//! verdict (scene cut, score) back.
+//! element registered them, src/toonflow/hostmem.rs), a 56-byte control block up and a 32-byte
+//! verdict (scene cut, score, ring entries used) back.
 //!
 //! [`DeviceFrames`] owns the device side: the NV12 planes, the ring of recent raw outputs
-//! (fp16, the network's content size), the thumbnail reference and the parameter block. The
+//! (8-bit codes, the network's content size), the thumbnail reference and the parameter block. The
 //! CPU reference of every step is src/neural/frame.rs and src/neural/temporal.rs.
 
 use std::collections::HashMap;
@@ -51,6 +51,8 @@ pub const KERNEL_NAMES: [&str; 6] = [
 pub const LAUNCHES_UNSCALED: u32 = 4;
 /// Kernel launches per frame below model-scale 1 (the output side filters, then upscales).
 pub const LAUNCHES_SCALED: u32 = 5;
+/// Of those, the kernels before the network (thumbnail, scene, input).
+const LAUNCHES_BEFORE: u32 = 3;
 /// Most taps of one resampled sample (an area average at model-scale 0.25 covers 5).
 const MAX_TAPS: usize = 6;
 
@@ -132,12 +134,16 @@ pub struct NfControl {
 }
 
 kernel_struct! {
-/// Device → host after every frame (`cut`, `score`), and the gate's own flag.
+/// Device → host after every frame (`cut`, `score`, `used`), and the gate's own state.
 pub struct NfState {
     pub cut: i32,
     pub score: f32,
     pub has_previous: i32,
-    pub pad: i32,
+    /// Ring entries written since the last cut or reset (at most `NF_MAX_HISTORY`).
+    pub kept: i32,
+    /// Ring entries the filter read this frame: the plan's `used`, trimmed to `kept`.
+    pub used: i32,
+    pub pad: [i32; 3],
 }
 }
 
@@ -145,7 +151,10 @@ pub struct NfState {
 pub fn full_source() -> String {
     let header = c_header(
         "toonflow neural frame ABI",
-        &[Define::int("NF_THUMB_STRIDE", THUMB_W as i64)],
+        &[
+            Define::int("NF_THUMB_STRIDE", THUMB_W as i64),
+            Define::int("NF_MAX_HISTORY", OutputFilter::MAX_HISTORY as i64),
+        ],
         &[
             NnControl::c_declaration(),
             NfTaps::c_declaration(),
@@ -654,20 +663,23 @@ impl DeviceFrames {
         };
     }
 
-    /// After the frame's synchronisation: the ring's bookkeeping follows the device's scene
-    /// verdict. Returns the verdict and the ring entries the filter used.
+    /// After the frame's synchronisation: its verdict and the ring entries the filter used.
     fn conclude(&mut self) -> (SceneCut, usize) {
-        let cut = self.verdict.cut != 0;
-        let used = if cut { 0 } else { self.control.used as usize };
-        self.slots.commit(self.control.write_slot >= 0, cut);
+        self.frame_queued();
+        verdict_of(&self.verdict)
+    }
+
+    /// The frame planned by the last [`job`](Self::job) is queued: its slot is taken (the
+    /// device trims later plans after a cut itself, so this needs no verdict) and a reset is
+    /// on its way.
+    pub(crate) fn frame_queued(&mut self) {
+        self.slots.commit(self.control.write_slot >= 0);
         self.reset_pending = false;
-        (
-            SceneCut {
-                cut,
-                score: self.verdict.score,
-            },
-            used,
-        )
+    }
+
+    /// The parameter block (the device addresses of the planes, control and verdict).
+    pub(crate) fn params(&self) -> &NfFrame {
+        &self.params
     }
 
     /// A frame's work: `input` up (or copied on the device), the conversions around the
@@ -699,6 +711,16 @@ impl FrameJob<'_, '_, '_> {
     /// The verdict after the frame ran (see [`DeviceFrames::conclude`]).
     pub fn conclude(self) -> (SceneCut, usize) {
         self.frames.conclude()
+    }
+
+    /// The control block planned for this frame.
+    pub(crate) fn control(&self) -> NfControl {
+        *self.frames.control
+    }
+
+    /// The frame path's parameter block.
+    pub(crate) fn params(&self) -> &NfFrame {
+        &self.frames.params
     }
 
     fn nv12_rows(&self, at: u64) -> [Rows; 2] {
@@ -787,6 +809,10 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
         self.frames.launches()
     }
 
+    fn launches_before(&self) -> u32 {
+        LAUNCHES_BEFORE
+    }
+
     fn download(&mut self, stream: &CudaStream) -> Result<(), CudaError> {
         let (w, h) = (self.frames.width, self.frames.height);
         let (target, bytes) = match &mut self.output {
@@ -822,8 +848,24 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
     }
 }
 
+/// A frame's scene verdict and the ring entries its filter used, from its [`NfState`].
+pub(crate) fn verdict_of(state: &NfState) -> (SceneCut, usize) {
+    (
+        SceneCut {
+            cut: state.cut != 0,
+            score: state.score,
+        },
+        state.used.max(0) as usize,
+    )
+}
+
 /// A host frame's size against the frame path's.
-fn check_geometry(g: FrameGeometry, w: usize, h: usize, what: &str) -> Result<(), CudaError> {
+pub(crate) fn check_geometry(
+    g: FrameGeometry,
+    w: usize,
+    h: usize,
+    what: &str,
+) -> Result<(), CudaError> {
     if (g.width, g.height) != (w, h) {
         return Err(CudaError::Failed(format!(
             "{what} frame of {}x{}, the neural frame path holds {w}x{h}",
@@ -842,10 +884,11 @@ pub fn reborrow<'s, 'b>(target: &'s mut FrameTarget<'_, 'b>) -> FrameTarget<'s, 
     }
 }
 
-/// Which ring slots a frame's output filter reads and which it writes, when the scene verdict
-/// that may empty the ring arrives only after the frame: the device reads the `used` most
-/// recent slots unless it finds a cut, writes the next slot, and [`commit`](Self::commit)
-/// learns the verdict. Plain bookkeeping, the same entries as the CPU filter's ring.
+/// Which ring slots a frame's output filter reads and which it writes, planned before the
+/// scene verdicts of this frame and of the frames still in flight: the host plans the `used`
+/// most recent slots since the last reset, the device reads as many of them as were written
+/// since its last cut (none when it finds one) and writes the next slot. Plain bookkeeping,
+/// the same entries as the CPU filter's ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingSlots {
     capacity: usize,
@@ -884,12 +927,8 @@ impl RingSlots {
         (recent, used, (history > 0).then_some(self.next))
     }
 
-    /// After the frame: whether it `wrote` its planned slot and whether it was a scene cut
-    /// (which emptied the ring before the frame's own output joined it).
-    pub fn commit(&mut self, wrote: bool, cut: bool) {
-        if cut {
-            self.len = 0;
-        }
+    /// After the frame is queued: whether it `wrote` its planned slot.
+    pub fn commit(&mut self, wrote: bool) {
         if wrote && self.capacity > 0 {
             self.next = (self.next + 1) % self.capacity;
             self.len = (self.len + 1).min(self.capacity);
@@ -898,7 +937,7 @@ impl RingSlots {
 }
 
 /// The two planes of an NV12 frame in host memory (a copy's source or target).
-fn host_planes(y: *mut u8, y_pitch: usize, uv: *mut u8, uv_pitch: usize) -> [Rows; 2] {
+pub(crate) fn host_planes(y: *mut u8, y_pitch: usize, uv: *mut u8, uv_pitch: usize) -> [Rows; 2] {
     [
         Rows::Host {
             ptr: y,
@@ -951,6 +990,7 @@ mod tests {
         let mut slots = RingSlots::new(capacity);
         let mut device: Vec<Option<u32>> = vec![None; capacity];
         let mut cpu = TemporalRing::new(capacity, || 0u32);
+        let mut kept = 0usize;
         let mut seed = 0x1234_5678u32;
         for frame in 0..400u32 {
             seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
@@ -962,9 +1002,13 @@ mod tests {
             }
             let cpu_used = cpu.len().min(history);
             let cpu_frames: Vec<u32> = (1..=cpu_used).map(|k| *cpu.recent(k).unwrap()).collect();
-            // the device: planned before the verdict, which it applies itself
+            // the device: planned before the verdicts, trimmed to the entries since its last
+            // cut (nf_scene's `kept`)
             let (recent, planned, write) = slots.plan(history);
-            let used = if cut { 0 } else { planned };
+            if cut {
+                kept = 0;
+            }
+            let used = planned.min(kept);
             let device_frames: Vec<u32> = recent[..used]
                 .iter()
                 .map(|&s| device[s as usize].expect("a written slot"))
@@ -976,11 +1020,12 @@ mod tests {
             if history > 0 {
                 cpu.push_with(|slot| *slot = frame);
             }
-            slots.commit(write.is_some(), cut);
+            slots.commit(write.is_some());
+            kept = (kept + usize::from(write.is_some())).min(OutputFilter::MAX_HISTORY);
         }
         let mut off = RingSlots::new(0);
         assert_eq!(off.plan(3), ([0; 8], 0, None));
-        off.commit(false, true);
+        off.commit(false);
         assert_eq!(off, RingSlots::new(0));
     }
 }

@@ -195,7 +195,7 @@ unsafe fn queue_params(
 }
 
 /// Time from `a` to `b` in µs (0 when the driver cannot tell).
-fn elapsed_us(a: &CudaEvent, b: &CudaEvent) -> f64 {
+pub(crate) fn elapsed_us(a: &CudaEvent, b: &CudaEvent) -> f64 {
     a.elapsed_ms(b).map(|v| v as f64 * 1e3).unwrap_or(0.0)
 }
 

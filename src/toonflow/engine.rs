@@ -843,14 +843,22 @@ impl Engine {
     }
 
     /// Whether frames can be queued with [`Engine::submit`] (the overlap path): the classic
-    /// pipeline on CUDA.
+    /// pipeline on CUDA, or the network's device frame path once calibrated and without
+    /// model-edges (its lines are drawn on the finished host frame).
     pub fn can_submit(&self) -> bool {
-        matches!(self.processor, Some(Processor::ClassicCuda(_)))
+        match &self.processor {
+            Some(Processor::ClassicCuda(_)) => true,
+            Some(Processor::NeuralCuda(p)) => {
+                p.can_submit() && self.stream.as_ref().is_some_and(|s| !s.model_edges)
+            }
+            _ => false,
+        }
     }
 
-    /// The overlap path: queues a host frame on the classic CUDA pipeline and returns without
-    /// waiting (see `CudaPipeline::submit_host`). A failure is returned as is, with no CPU
-    /// fallback: the element then runs the frame through [`Engine::process`].
+    /// The overlap path: queues a host frame on the classic CUDA pipeline or the network's
+    /// device frame path and returns without waiting (see `CudaPipeline::submit_host` and
+    /// `NeuralCuda::submit_host`). A failure is returned as is, with no CPU fallback: the
+    /// element then runs the frame through [`Engine::process`].
     ///
     /// # Safety
     /// The frames' memory must stay valid, `output` unread and `input` unwritten, until
@@ -860,6 +868,23 @@ impl Engine {
         input: &Nv12Frame,
         output: &mut Nv12FrameMut,
     ) -> Result<Queued, EngineError> {
+        if let Some(Processor::NeuralCuda(p)) = &mut self.processor {
+            // SAFETY: passed on to the caller (see above).
+            let result = unsafe { p.submit_host(input, output) };
+            let log = p.take_log();
+            let neural = p.frame_stats();
+            for line in log {
+                self.log(Level::Info, line);
+            }
+            let (done, finished) = result.map_err(|e| self.neural_gpu_error(e))?;
+            return Ok(Queued {
+                done,
+                finished: finished
+                    .into_iter()
+                    .map(|f| Self::neural_outcome(f, neural))
+                    .collect(),
+            });
+        }
         let (Some(stream), Some(Processor::ClassicCuda(p))) = (&self.stream, &mut self.processor)
         else {
             return Err(EngineError::NotConfigured);
@@ -880,18 +905,41 @@ impl Engine {
 
     /// Outcomes of queued frames found complete, oldest first; with `wait`, of all of them.
     pub fn harvest(&mut self, wait: bool) -> Result<Vec<FrameOutcome>, EngineError> {
-        let Some(Processor::ClassicCuda(p)) = &mut self.processor else {
-            return Ok(Vec::new());
-        };
-        let finished = p.harvest(wait).map_err(EngineError::CudaProcessing)?;
-        Ok(finished.into_iter().map(Self::classic_outcome).collect())
+        match &mut self.processor {
+            Some(Processor::ClassicCuda(p)) => {
+                let finished = p.harvest(wait).map_err(EngineError::CudaProcessing)?;
+                Ok(finished.into_iter().map(Self::classic_outcome).collect())
+            }
+            Some(Processor::NeuralCuda(p)) => {
+                let result = p.harvest(wait);
+                let neural = p.frame_stats();
+                let finished = result.map_err(|e| self.neural_gpu_error(e))?;
+                Ok(finished
+                    .into_iter()
+                    .map(|f| Self::neural_outcome(f, neural))
+                    .collect())
+            }
+            _ => Ok(Vec::new()),
+        }
     }
 
     /// Frames queued by [`Engine::submit`] whose outcome has not been harvested.
     pub fn in_flight(&self) -> usize {
         match &self.processor {
             Some(Processor::ClassicCuda(p)) => p.in_flight(),
+            Some(Processor::NeuralCuda(p)) => p.in_flight(),
             _ => 0,
+        }
+    }
+
+    fn neural_outcome(
+        (report, gpu): (FrameReport, GpuFrameStats),
+        neural: NeuralFrameStats,
+    ) -> FrameOutcome {
+        FrameOutcome {
+            report,
+            gpu: Some(gpu),
+            neural: Some(neural),
         }
     }
 

@@ -17,7 +17,10 @@ use std::sync::Arc;
 use crate::cuda::neural::DeviceFrameIo;
 use crate::cuda::neural::program::Storage;
 use crate::cuda::neural::{NeuralGpu, NeuralGpuError, NeuralGpuEvent};
+use cudarc::driver::CudaEvent;
+
 use crate::cuda::neural_frame::{DeviceFrames, FilterSettings, reborrow};
+use crate::cuda::neural_overlap::{FinishedFrame, NeuralOverlap};
 use crate::cuda::{CudaError, FrameSource, FrameTarget, GpuFrameStats};
 use crate::neural::Tensor;
 use crate::neural::engine::NeuralModel;
@@ -29,8 +32,14 @@ use crate::pipeline::{Nv12Frame, Nv12FrameMut, ToonParams};
 
 use super::neural_cpu::{NetworkFrames, NeuralFrameStats, NeuralTemporalParams};
 
+/// Reports and figures of frames seen complete on the overlap path, oldest first.
+pub type Outcomes = Vec<(FrameReport, GpuFrameStats)>;
+
 /// One stream's neural state with the network on a CUDA device.
 pub struct NeuralCuda {
+    /// The overlap path's streams and host slots (made on its first frame); its frames in
+    /// flight are waited for before anything they address changes or goes (see `Drop`).
+    overlap: Option<NeuralOverlap>,
     /// The frames around the network (its host statistics smoother is unused: the device has
     /// its own).
     f: NetworkFrames,
@@ -107,6 +116,7 @@ impl NeuralCuda {
             f.temporal.filter = OutputFilter::new(0, 0, 0, config.matrix, config.range);
         }
         Ok(NeuralCuda {
+            overlap: None,
             calibrating: fp16.then(|| Calibrator::new(&f.network)),
             precision: None,
             gpu: Some(gpu),
@@ -206,6 +216,7 @@ impl NeuralCuda {
     }
 
     pub fn set_use_graph(&mut self, on: bool) {
+        self.finish_in_flight();
         self.use_graph = on;
         if let Some(g) = &mut self.gpu {
             g.set_use_graph(on);
@@ -227,6 +238,8 @@ impl NeuralCuda {
         if !changed {
             return;
         }
+        // a longer history reallocates the ring the frames in flight address
+        self.finish_in_flight();
         if let Some(g) = &mut self.gpu {
             g.set_smoothing(params.stat_smoothing);
         }
@@ -273,6 +286,7 @@ impl NeuralCuda {
         input: FrameSource,
         output: FrameTarget,
     ) -> Result<FrameReport, NeuralGpuError> {
+        self.finish_in_flight();
         let (cut, history_used) = if self.calibrating.is_some() {
             self.calibrate_on_device(input, output)?
         } else {
@@ -288,6 +302,67 @@ impl NeuralCuda {
             scene_score: cut.score,
             history_used,
         })
+    }
+
+    /// Whether host frames can be queued with [`submit_host`](Self::submit_host): the frame
+    /// path runs on the device and the calibration (a synchronous first frame) is done.
+    pub fn can_submit(&self) -> bool {
+        self.takes_device_frames() && self.calibrating.is_none()
+    }
+
+    /// The overlap path: queues a host frame on the device frame path and returns without
+    /// waiting for it (see [`NeuralOverlap`]; it takes no device memory). Returns the event that fires when `output` is complete and the
+    /// frames seen complete meanwhile, oldest first.
+    ///
+    /// # Safety
+    /// Both frames' memory must stay valid and untouched (`output` unread, `input` unwritten)
+    /// until the returned event has fired.
+    pub unsafe fn submit_host(
+        &mut self,
+        input: &Nv12Frame,
+        output: &mut Nv12FrameMut,
+    ) -> Result<(Arc<CudaEvent>, Outcomes), NeuralGpuError> {
+        if !self.can_submit() {
+            return Err(no_device_frames());
+        }
+        let (Some(gpu), Some(frames)) = (self.gpu.as_mut(), self.frames.as_mut()) else {
+            return Err(no_device_frames());
+        };
+        if self.overlap.is_none() {
+            self.overlap = Some(NeuralOverlap::new(gpu.context())?);
+        }
+        let overlap = self.overlap.as_mut().expect("made above");
+        // SAFETY: passed on to the caller (see above).
+        let queued = unsafe { overlap.submit(gpu, frames, input, output) }?;
+        Ok((queued.done, finished_reports(queued.finished)))
+    }
+
+    /// Reports and figures of queued frames seen complete, oldest first; with `wait`, of all.
+    pub fn harvest(&mut self, wait: bool) -> Result<Outcomes, NeuralGpuError> {
+        let (Some(overlap), Some(gpu), Some(frames)) = (
+            self.overlap.as_mut(),
+            self.gpu.as_ref(),
+            self.frames.as_ref(),
+        ) else {
+            return Ok(Vec::new());
+        };
+        Ok(finished_reports(overlap.harvest(gpu, frames, wait)?))
+    }
+
+    /// Queued frames whose outcome has not been harvested.
+    pub fn in_flight(&self) -> usize {
+        self.overlap.as_ref().map_or(0, |o| o.in_flight())
+    }
+
+    /// Waits for the queued frames (their outcomes stay for the next harvest).
+    fn finish_in_flight(&mut self) {
+        if let (Some(overlap), Some(gpu), Some(frames)) = (
+            self.overlap.as_mut(),
+            self.gpu.as_ref(),
+            self.frames.as_ref(),
+        ) {
+            overlap.finish_in_flight(gpu, frames);
+        }
     }
 
     /// The first frame of an fp16 stream on the device frame path: the conversion on the
@@ -390,6 +465,29 @@ impl NeuralCuda {
         self.gpu = Some(gpu);
         Ok(())
     }
+}
+
+impl Drop for NeuralCuda {
+    fn drop(&mut self) {
+        // the frames in flight address the network and the frame path
+        self.finish_in_flight();
+    }
+}
+
+fn finished_reports(frames: Vec<FinishedFrame>) -> Outcomes {
+    frames
+        .into_iter()
+        .map(|f| {
+            (
+                FrameReport {
+                    scene_cut: f.cut.cut,
+                    scene_score: f.cut.score,
+                    history_used: f.history_used,
+                },
+                f.stats,
+            )
+        })
+        .collect()
 }
 
 fn no_network() -> NeuralGpuError {

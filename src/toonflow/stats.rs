@@ -16,6 +16,8 @@ pub struct Stats {
     frames: u64,
     /// Frames skipped as late (QoS) before they were processed.
     dropped: u64,
+    /// Frames that went through the overlap path (queued, pushed by the push thread).
+    queued: u64,
     scene_cuts: u64,
     last_scene_score: f32,
     history_used: usize,
@@ -40,6 +42,7 @@ impl Stats {
             backend,
             frames: 0,
             dropped: 0,
+            queued: 0,
             scene_cuts: 0,
             last_scene_score: 0.0,
             history_used: 0,
@@ -80,8 +83,9 @@ impl Stats {
         self.history_used = report.history_used;
         self.width = geometry.width as u32;
         self.height = geometry.height as u32;
-        if let Some(us) = elapsed_us {
-            self.times.push(us);
+        match elapsed_us {
+            Some(us) => self.times.push(us),
+            None => self.queued += 1,
         }
         if let Some(gpu) = outcome.gpu {
             self.gpu = gpu;
@@ -109,6 +113,7 @@ impl Stats {
             .field("backend", self.backend)
             .field("frames", self.frames)
             .field("dropped", self.dropped)
+            .field("frames-queued", self.queued)
             .field("scene-cuts", self.scene_cuts)
             .field("last-scene-score", self.last_scene_score as f64)
             .field("history-used", self.history_used as u32)
@@ -207,6 +212,7 @@ mod tests {
         assert_eq!(snap.get::<f64>("p99-us").unwrap(), 105.0);
         assert_eq!(snap.get::<u64>("arena-bytes").unwrap(), 0);
         assert_eq!(snap.get::<u64>("dropped").unwrap(), 0);
+        assert_eq!(snap.get::<u64>("frames-queued").unwrap(), 0);
     }
 
     #[test]
@@ -217,6 +223,7 @@ mod tests {
         s.record(&outcome(false, None), None, g, 0);
         let snap = s.snapshot();
         assert_eq!(snap.get::<u64>("frames").unwrap(), 1);
+        assert_eq!(snap.get::<u64>("frames-queued").unwrap(), 1);
         assert_eq!(snap.get::<f64>("p50-us").unwrap(), 0.0);
         s.record_time(250.0);
         assert_eq!(s.snapshot().get::<f64>("p50-us").unwrap(), 250.0);

@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
         int worst = 0; size_t differing = 0;
         for (int k = 0; k < frames; k++) {
             r.get(ctl.recent, 8); int uw[2]; r.get(uw, 2); ctl.used = uw[0]; ctl.write_slot = uw[1];
+            st.used = ctl.used; // nf_scene's trimmed count (not run here): no cut in these frames
             float sc[2]; r.get(sc, 2); ctl.strength = sc[0]; ctl.motion_coeff = sc[1];
             r.get(tout.data(), tlen);
             std::vector<unsigned char> want(frame); r.get(want.data(), frame);

@@ -145,6 +145,8 @@ pub trait DeviceFrameIo {
     fn download(&mut self, stream: &CudaStream) -> Result<(), CudaError>;
     /// Kernels `before` and `after` launch.
     fn launches(&self) -> u32;
+    /// Kernels `before` launches.
+    fn launches_before(&self) -> u32;
 }
 
 /// What the executor wants logged.
@@ -516,6 +518,43 @@ impl NeuralGpu {
         &self.stream
     }
 
+    /// The overlap path: the control block of the coming frame (smoothing, statistics reset)
+    /// and its device address, for the caller to copy from its own page-locked slot.
+    pub(crate) fn next_control(&mut self) -> (NnControl, u64) {
+        self.host_control.smoothing = self.smoothing;
+        self.host_control.reset = self.reset_pending as i32;
+        (*self.host_control, self.program.control)
+    }
+
+    /// The overlap path: the frame with the last [`next_control`](Self::next_control) is
+    /// queued (its reset is on its way).
+    pub(crate) fn control_queued(&mut self) {
+        self.reset_pending = false;
+    }
+
+    /// The overlap path: enqueues a device frame's kernels on the stream without copies or
+    /// waiting, in two graphs: `io`'s input kernels, then, after `input_read` is recorded
+    /// (the frame path's input planes may take the next frame from then on), the network and
+    /// `io`'s output kernels. Returns whether the graphs ran.
+    pub(crate) fn enqueue_device_frame(
+        &mut self,
+        io: &dyn DeviceFrameIo,
+        input_read: &CudaEvent,
+    ) -> Result<bool, CudaError> {
+        let before = io.launches_before();
+        let after = io.launches() - before;
+        let first = self.run_graph(2, before, |gpu| io.before(&gpu.stream))?;
+        input_read
+            .record(&self.stream)
+            .map_err(driver("cuEventRecord"))?;
+        let launches = self.launches_per_frame() + after;
+        let rest = self.run_graph(3, launches, |gpu| {
+            gpu.enqueue_range(0, gpu.program.launches.len())?;
+            io.after(&gpu.stream)
+        })?;
+        Ok(first && rest)
+    }
+
     /// Runs the launches of a frame without any copy (for timing): returns whether a graph ran.
     pub fn run_launches(&mut self) -> Result<bool, CudaError> {
         self.run_launches_keyed(0, None)
@@ -535,14 +574,25 @@ impl NeuralGpu {
         key: u32,
         io: Option<&dyn DeviceFrameIo>,
     ) -> Result<bool, CudaError> {
+        let launches = self.launches_per_frame() + io.map_or(0, |io| io.launches());
+        self.run_graph(key, launches, |gpu| gpu.enqueue_frame(io))
+    }
+
+    /// Runs what `enqueue` puts on the stream as graph `key` (eagerly without graphs, while it
+    /// warms up or after its capture failed); returns whether a graph ran.
+    fn run_graph(
+        &mut self,
+        key: u32,
+        launches: u32,
+        enqueue: impl Fn(&NeuralGpu) -> Result<(), CudaError>,
+    ) -> Result<bool, CudaError> {
         if !self.use_graph {
-            self.enqueue_frame(io)?;
+            enqueue(self)?;
             return Ok(false);
         }
         let mut cache = std::mem::replace(&mut self.cache, GraphCache::new(1, 0));
-        let ran = cache.run(&key, &self.stream, || self.enqueue_frame(io));
+        let ran = cache.run(&key, &self.stream, || enqueue(self));
         self.cache = cache;
-        let launches = self.launches_per_frame() + io.map_or(0, |io| io.launches());
         Ok(match ran? {
             Ran::Eager => false,
             Ran::Replayed => true,
