@@ -1333,11 +1333,13 @@ fn speed() {
     }
 }
 
-/// The network's overlap path (a frame queued, its upload beside the previous frame's graph,
-/// pushed from the push thread) makes the synchronous path's frames byte for byte, with every
-/// frame pushed before any is pulled: through scene cuts whose verdicts reach the host only
-/// after later frames had planned their ring slots, a DISCONT and a longer temporal-history
-/// set while playing (the ring reallocated).
+/// The network's overlap path (frames queued back to back, each upload beside the previous
+/// frame's network, pushed from the push thread) makes the synchronous path's frames byte for
+/// byte, with every frame pushed before any is pulled: through scene cuts (the device trims
+/// the ring slots planned before their verdicts), a DISCONT and a longer temporal-history set
+/// while playing (the ring reallocated); with graphs (fp16, calibrated on a synchronous first
+/// frame), at model-scale 0.5 in fp32 (two kernels after the network; no calibration, every
+/// frame queued) and eagerly (cuda-graph=false).
 #[test]
 fn the_overlap_path_makes_the_synchronous_frames_through_cuts_and_history_changes() {
     need_gpu!();
@@ -1350,16 +1352,16 @@ fn the_overlap_path_makes_the_synchronous_frames_through_cuts_and_history_change
         common::photo("chelsea.png", w, h),
         common::photo("rocket.jpg", w, h),
     );
-    // cat ×6, rocket ×4 (a cut), cat ×3 (a cut); DISCONT on frame 11; history 3 → 6 at 8
+    // cat ×6, rocket ×4 (a cut), cat ×3 (a cut); history 3 → 6 at frame 8; DISCONT at 11
     let clip: Vec<common::Nv12> = (0..13)
         .map(|i| {
             let base = if (6..10).contains(&i) { &rocket } else { &cat };
             base.with_noise(4.0, i as u64 + 1)
         })
         .collect();
-    let run = |overlap: bool| {
+    let run = |props: &str, overlap: bool| {
         let mut harness = gst_check::Harness::new_parse(&format!(
-            "toonflow name=t backend=cuda precision=fp16 model=\"{model}\" temporal-history=3 \
+            "toonflow name=t backend=cuda model=\"{model}\" temporal-history=3 {props} \
              overlap={overlap}"
         ));
         harness.set_src_caps(common::nv12_caps(w, h));
@@ -1369,9 +1371,7 @@ fn the_overlap_path_makes_the_synchronous_frames_through_cuts_and_history_change
             .downcast_ref::<gst::Bin>()
             .and_then(|b| b.by_name("t"))
             .expect("toonflow named t");
-        // the first frame calibrates (synchronously); the rest are queued back to back
-        let mut out = vec![common::push_frame(&mut harness, &clip[0])];
-        for (i, frame) in clip.iter().enumerate().skip(1) {
+        for (i, frame) in clip.iter().enumerate() {
             if i == 8 {
                 element.set_property("temporal-history", 6u32);
             }
@@ -1384,46 +1384,58 @@ fn the_overlap_path_makes_the_synchronous_frames_through_cuts_and_history_change
             }
             harness.push(buffer).expect("push");
         }
-        for _ in 1..clip.len() {
-            let buffer = common::pull_output(&mut harness);
-            out.push(common::Nv12::from_buffer(&buffer, &clip[0].caps()));
-        }
+        let out: Vec<common::Nv12> = clip
+            .iter()
+            .map(|_| common::Nv12::from_buffer(&common::pull_output(&mut harness), &clip[0].caps()))
+            .collect();
         // a serialized event: the outcomes of the frames still unseen are counted first
         assert!(harness.push_event(gst::event::Eos::new()));
         let stats = element.property::<gst::Structure>("stats");
         (out, stats)
     };
-    let (queued, queued_stats) = run(true);
-    let (synchronous, synchronous_stats) = run(false);
     let field = |s: &gst::Structure, name: &str| s.get::<u64>(name).unwrap();
-    println!(
-        "overlap: {} frames ({} queued), {} scene cuts; synchronous: {} frames ({} queued), {} \
-         scene cuts",
-        field(&queued_stats, "frames"),
-        field(&queued_stats, "frames-queued"),
-        field(&queued_stats, "scene-cuts"),
-        field(&synchronous_stats, "frames"),
-        field(&synchronous_stats, "frames-queued"),
-        field(&synchronous_stats, "scene-cuts"),
-    );
-    for (i, (a, b)) in queued.iter().zip(&synchronous).enumerate() {
-        assert!(
-            a.y() == b.y() && a.uv() == b.uv(),
-            "frame {i}: the overlap path differs from the synchronous one"
+    for (props, calibrating, graphs) in [
+        ("precision=fp16", 1, true),
+        ("precision=fp32 model-scale=0.5", 0, true),
+        ("precision=fp16 cuda-graph=false", 1, false),
+    ] {
+        let (queued, queued_stats) = run(props, true);
+        let (synchronous, synchronous_stats) = run(props, false);
+        println!(
+            "{props}: overlap {} frames ({} queued), {} scene cuts, graph replayed {}; \
+             synchronous {} frames ({} queued), {} scene cuts",
+            field(&queued_stats, "frames"),
+            field(&queued_stats, "frames-queued"),
+            field(&queued_stats, "scene-cuts"),
+            queued_stats.get::<bool>("graph-replayed").unwrap(),
+            field(&synchronous_stats, "frames"),
+            field(&synchronous_stats, "frames-queued"),
+            field(&synchronous_stats, "scene-cuts"),
         );
+        for (i, (a, b)) in queued.iter().zip(&synchronous).enumerate() {
+            assert!(
+                a.y() == b.y() && a.uv() == b.uv(),
+                "{props}, frame {i}: the overlap path differs from the synchronous one"
+            );
+        }
+        // the rocket, and the cat again: two cuts on either path
+        for s in [&queued_stats, &synchronous_stats] {
+            assert_eq!(field(s, "frames"), clip.len() as u64, "{props}");
+            assert_eq!(field(s, "scene-cuts"), 2, "{props}");
+            assert_eq!(s.get::<bool>("graph-replayed").unwrap(), graphs, "{props}");
+        }
+        assert_eq!(
+            queued_stats.get::<u32>("history-used").unwrap(),
+            synchronous_stats.get::<u32>("history-used").unwrap()
+        );
+        // every frame but a calibrating first one was queued with overlap on, none without
+        assert_eq!(
+            field(&queued_stats, "frames-queued"),
+            clip.len() as u64 - calibrating,
+            "{props}"
+        );
+        assert_eq!(field(&synchronous_stats, "frames-queued"), 0);
     }
-    // the rocket, and the cat again: two cuts on either path
-    for s in [&queued_stats, &synchronous_stats] {
-        assert_eq!(field(s, "frames"), clip.len() as u64);
-        assert_eq!(field(s, "scene-cuts"), 2);
-    }
-    assert_eq!(
-        queued_stats.get::<u32>("history-used").unwrap(),
-        synchronous_stats.get::<u32>("history-used").unwrap()
-    );
-    // all but the calibrating first frame were queued with overlap on, none without
-    assert_eq!(field(&queued_stats, "frames-queued"), clip.len() as u64 - 1);
-    assert_eq!(field(&synchronous_stats, "frames-queued"), 0);
 }
 
 /// The element with backend=cuda and model=: the CPU reference's frames (fp32 storage: within

@@ -593,7 +593,7 @@ impl DeviceFrames {
     pub fn set_settings(&mut self, settings: FilterSettings) -> Result<(), CudaError> {
         self.settings = settings;
         let history = settings.history.min(OutputFilter::MAX_HISTORY);
-        if history > self.slots.capacity() {
+        if self.ring_grows(history) {
             // the old ring goes before the larger one is allocated; until that succeeds
             // the ring holds nothing
             let (w, h) = self.scaled;
@@ -613,6 +613,11 @@ impl DeviceFrames {
             grown?;
         }
         Ok(())
+    }
+
+    /// Whether [`set_settings`](Self::set_settings) with `history` reallocates the ring.
+    pub fn ring_grows(&self, history: usize) -> bool {
+        history.min(OutputFilter::MAX_HISTORY) > self.slots.capacity()
     }
 
     /// Forgets the ring and the scene reference (FLUSH, DISCONT, caps).
@@ -982,30 +987,49 @@ mod tests {
         assert_eq!(std::mem::size_of::<NfTaps>(), 32);
     }
 
-    /// Frame after frame with changing history and scene cuts, the slots the device reads
-    /// hold the frames the CPU filter's ring holds, most recent first.
+    /// Frame after frame with changing history, scene cuts, resets and reallocated rings, the
+    /// slots the device reads (the host's plan trimmed to nf_scene's `kept`) hold the frames
+    /// the CPU filter's ring holds, most recent first.
     #[test]
     fn ring_slots_follow_the_cpu_filters_ring_through_cuts_and_history_changes() {
-        let capacity = 4;
+        let mut capacity = 4;
         let mut slots = RingSlots::new(capacity);
         let mut device: Vec<Option<u32>> = vec![None; capacity];
         let mut cpu = TemporalRing::new(capacity, || 0u32);
+        // nf_scene's count of entries since its last cut or reset (a reallocated ring does
+        // not reset it: the host's plan is empty then)
         let mut kept = 0usize;
         let mut seed = 0x1234_5678u32;
-        for frame in 0..400u32 {
+        let (mut cuts, mut resets, mut grown) = (0, 0, 0);
+        for frame in 0..600u32 {
             seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            if (seed >> 4).is_multiple_of(23) && capacity < OutputFilter::MAX_HISTORY {
+                // a longer history: the ring is reallocated empty on both sides
+                capacity += 1;
+                slots = RingSlots::new(capacity);
+                device = vec![None; capacity];
+                cpu = TemporalRing::new(capacity, || 0u32);
+                grown += 1;
+            }
             let history = (seed >> 8) as usize % (capacity + 1);
-            let cut = (seed >> 16).is_multiple_of(7);
-            // the CPU: a cut empties the ring before the frame is filtered
-            if cut {
+            let reset = (seed >> 20).is_multiple_of(13);
+            let cut = !reset && (seed >> 16).is_multiple_of(7);
+            if reset {
+                // FLUSH/DISCONT: the host forgets the ring, the device its reference
+                slots.clear();
+                resets += 1;
+            }
+            // the CPU: a cut or reset empties the ring before the frame is filtered
+            if cut || reset {
                 cpu.clear();
             }
+            cuts += usize::from(cut);
             let cpu_used = cpu.len().min(history);
             let cpu_frames: Vec<u32> = (1..=cpu_used).map(|k| *cpu.recent(k).unwrap()).collect();
             // the device: planned before the verdicts, trimmed to the entries since its last
-            // cut (nf_scene's `kept`)
+            // cut or reset (nf_scene's `kept`)
             let (recent, planned, write) = slots.plan(history);
-            if cut {
+            if cut || reset {
                 kept = 0;
             }
             let used = planned.min(kept);
@@ -1023,6 +1047,10 @@ mod tests {
             slots.commit(write.is_some());
             kept = (kept + usize::from(write.is_some())).min(OutputFilter::MAX_HISTORY);
         }
+        assert!(
+            cuts > 20 && resets > 10 && grown >= 2,
+            "{cuts} {resets} {grown}"
+        );
         let mut off = RingSlots::new(0);
         assert_eq!(off.plan(3), ([0; 8], 0, None));
         off.commit(false);

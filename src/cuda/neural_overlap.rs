@@ -125,7 +125,10 @@ impl NeuralOverlap {
 
     /// Queues a host frame through `frames` and `gpu` and returns without waiting for it
     /// (see the module documentation). At most [`HOST_SLOTS`] frames are in flight: a
-    /// fourth waits for the oldest. On an error nothing of the frame runs on.
+    /// fourth waits for the oldest. On an error nothing of the frame runs on, and the frame
+    /// path and the network's statistics start over (as after a DISCONT): the frame may have
+    /// passed the scene gate and written its ring slot, so its rerun must not compare with
+    /// itself.
     ///
     /// # Safety
     /// Both frames' memory must stay valid and untouched (`output` unread, `input` unwritten)
@@ -138,11 +141,12 @@ impl NeuralOverlap {
         output: &mut Nv12FrameMut,
     ) -> Result<QueuedFrame, CudaError> {
         let started = Instant::now();
+        let mut finished = std::mem::take(&mut self.finished_early);
         let r = guard("queuing a neural frame", || {
-            self.submit_inner(gpu, frames, input, output)
+            self.submit_inner(gpu, frames, input, output, &mut finished)
         });
         match r {
-            Ok((slot, finished)) => {
+            Ok(slot) => {
                 let slot = &mut self.slots[slot];
                 slot.frame.host_time_us = started.elapsed().as_secs_f64() * 1e6;
                 Ok(QueuedFrame {
@@ -154,6 +158,10 @@ impl NeuralOverlap {
                 // A frame cut short: nothing of it may run on after the error is returned.
                 let _ = gpu.stream().synchronize();
                 let _ = self.copy.synchronize();
+                frames.reset();
+                gpu.reset();
+                // the outcomes of earlier frames seen complete wait for the next harvest
+                self.finished_early = finished;
                 Err(e)
             }
         }
@@ -165,7 +173,8 @@ impl NeuralOverlap {
         frames: &mut DeviceFrames,
         input: &Nv12Frame,
         output: &mut Nv12FrameMut,
-    ) -> Result<(usize, Vec<FinishedFrame>), CudaError> {
+        finished: &mut Vec<FinishedFrame>,
+    ) -> Result<usize, CudaError> {
         let (w, h) = (
             frames.params().width as usize,
             frames.params().height as usize,
@@ -175,7 +184,6 @@ impl NeuralOverlap {
         gpu.context()
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
-        let mut finished = std::mem::take(&mut self.finished_early);
         finished.extend(self.harvest_from(gpu, frames, false)?);
         if self.ring.next_free().is_none() {
             finished.extend(self.harvest_from(gpu, frames, true)?);
@@ -269,7 +277,7 @@ impl NeuralOverlap {
         frames.frame_queued();
         gpu.control_queued();
         self.ring.begin(i);
-        Ok((i, finished))
+        Ok(i)
     }
 
     /// Frames seen complete, oldest first; with `wait`, all of them after waiting.

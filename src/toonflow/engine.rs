@@ -257,6 +257,9 @@ pub struct Engine {
     use_graph: bool,
     stream: Option<Stream>,
     processor: Option<Processor>,
+    /// Outcomes of queued frames whose processor was replaced (a network re-specialised
+    /// while playing), for the next harvest or submit.
+    orphaned: Vec<FrameOutcome>,
     events: Vec<EngineEvent>,
     /// The CUDA context shared with the pipeline (nvcodec's GstCudaContext); `None`: the
     /// process's primary context of the device.
@@ -323,6 +326,7 @@ impl Engine {
             use_graph: settings.cuda_graph,
             stream: None,
             processor: None,
+            orphaned: Vec::new(),
             events,
             cuda_context,
             settings_for_fallback: settings.clone(),
@@ -501,6 +505,7 @@ impl Engine {
         settings: &Settings,
     ) -> Result<(), EngineError> {
         let (path, model) = self.model.clone().expect("neural mode");
+        self.keep_queued_outcomes();
         self.processor = None;
         let config = converter_config(&model, format, settings);
         if let Backend::Cuda { device_id } = self.backend {
@@ -877,12 +882,15 @@ impl Engine {
                 self.log(Level::Info, line);
             }
             let (done, finished) = result.map_err(|e| self.neural_gpu_error(e))?;
+            let mut outcomes = std::mem::take(&mut self.orphaned);
+            outcomes.extend(
+                finished
+                    .into_iter()
+                    .map(|f| Self::neural_outcome(f, neural)),
+            );
             return Ok(Queued {
                 done,
-                finished: finished
-                    .into_iter()
-                    .map(|f| Self::neural_outcome(f, neural))
-                    .collect(),
+                finished: outcomes,
             });
         }
         let (Some(stream), Some(Processor::ClassicCuda(p))) = (&self.stream, &mut self.processor)
@@ -893,18 +901,22 @@ impl Engine {
         let result = unsafe { p.submit_host(&stream.params, input, output) };
         self.drain_classic_events();
         let submitted = result.map_err(EngineError::CudaProcessing)?;
+        let mut finished = std::mem::take(&mut self.orphaned);
+        finished.extend(submitted.finished.into_iter().map(Self::classic_outcome));
         Ok(Queued {
             done: submitted.done,
-            finished: submitted
-                .finished
-                .into_iter()
-                .map(Self::classic_outcome)
-                .collect(),
+            finished,
         })
     }
 
     /// Outcomes of queued frames found complete, oldest first; with `wait`, of all of them.
     pub fn harvest(&mut self, wait: bool) -> Result<Vec<FrameOutcome>, EngineError> {
+        let mut outcomes = std::mem::take(&mut self.orphaned);
+        outcomes.extend(self.harvest_processor(wait)?);
+        Ok(outcomes)
+    }
+
+    fn harvest_processor(&mut self, wait: bool) -> Result<Vec<FrameOutcome>, EngineError> {
         match &mut self.processor {
             Some(Processor::ClassicCuda(p)) => {
                 let finished = p.harvest(wait).map_err(EngineError::CudaProcessing)?;
@@ -925,10 +937,27 @@ impl Engine {
 
     /// Frames queued by [`Engine::submit`] whose outcome has not been harvested.
     pub fn in_flight(&self) -> usize {
-        match &self.processor {
-            Some(Processor::ClassicCuda(p)) => p.in_flight(),
-            Some(Processor::NeuralCuda(p)) => p.in_flight(),
-            _ => 0,
+        self.orphaned.len()
+            + match &self.processor {
+                Some(Processor::ClassicCuda(p)) => p.in_flight(),
+                Some(Processor::NeuralCuda(p)) => p.in_flight(),
+                _ => 0,
+            }
+    }
+
+    /// Before the processor is replaced: waits for its queued frames and keeps their outcomes
+    /// (a failure is logged; the frames' memory is safe either way, the network waits for them
+    /// when it is dropped).
+    fn keep_queued_outcomes(&mut self) {
+        if self.in_flight() == self.orphaned.len() {
+            return;
+        }
+        match self.harvest_processor(true) {
+            Ok(outcomes) => self.orphaned.extend(outcomes),
+            Err(e) => self.log(
+                Level::Warning,
+                format!("frames in flight before re-specialising: {e}"),
+            ),
         }
     }
 

@@ -238,8 +238,15 @@ impl NeuralCuda {
         if !changed {
             return;
         }
-        // a longer history reallocates the ring the frames in flight address
-        self.finish_in_flight();
+        // a longer history reallocates the ring the frames in flight address (the other
+        // settings travel with each frame's control block)
+        if self
+            .frames
+            .as_ref()
+            .is_some_and(|f| f.ring_grows(params.history))
+        {
+            self.finish_in_flight();
+        }
         if let Some(g) = &mut self.gpu {
             g.set_smoothing(params.stat_smoothing);
         }

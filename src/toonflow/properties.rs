@@ -133,7 +133,7 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
         row!(cuda_graph => boolean("cuda-graph", "CUDA graph", "Replay each frame's kernels as a captured CUDA graph (false = launch them one by one)", DEFAULT_CUDA_GRAPH)),
         row!(overlap => glib::ParamSpecBoolean::builder("overlap")
             .nick("Overlap frames")
-            .blurb("With system memory on both pads and the classic pipeline on CUDA, upload a frame while the previous one's kernels and download run and push each frame from a second thread once its own download completes: more frames per second (+35-72% at 1080p on the H200), ~25 µs more per frame below capacity, and a source that outruns the element queues its frames here instead of upstream (docs/benchmark.md); false = one frame at a time. Read at start")
+            .blurb("With system memory on both pads and the classic pipeline or the network (model=, after an fp16 stream's calibrating first frame, without model-edges) on CUDA, upload a frame while the previous one's kernels and download run and push each frame from a second thread once its own download completes: more frames per second (classic pipeline +35-72% at 1080p on the H200, AnimeGANv3 tiny +10-12% on an H100), ~25 µs more per frame below capacity, and a source that outruns the element queues its frames here instead of upstream (docs/benchmark.md); false = one frame at a time. Read at start")
             .default_value(DEFAULT_OVERLAP)
             .mutable_ready()
             .build()),
@@ -167,7 +167,7 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
 fn stats_spec() -> glib::ParamSpec {
     glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
         .nick("Statistics")
-        .blurb("Running statistics: backend, frames, dropped (late frames skipped for QoS), scene-cuts, mean-us/p50-us/p99-us per frame; on CUDA gpu-time-us, transfer-time-us, upload-bytes, download-bytes (0 with CUDA memory on both pads), device-copy-us, launches, graph-replayed, arena-bytes, peak-live-bytes, device-free-bytes; with a model its name, stages per frame, network-width/network-height it runs at, arena-bytes and peak-live-bytes of its activation plan")
+        .blurb("Running statistics: backend, frames, dropped (late frames skipped for QoS), frames-queued (frames that went through the overlap path), scene-cuts, mean-us/p50-us/p99-us per frame; on CUDA gpu-time-us, transfer-time-us, upload-bytes, download-bytes (0 with CUDA memory on both pads), device-copy-us, launches, graph-replayed, arena-bytes, peak-live-bytes, device-free-bytes; with a model its name, stages per frame, network-width/network-height it runs at, arena-bytes and peak-live-bytes of its activation plan")
         .read_only()
         .build()
 }

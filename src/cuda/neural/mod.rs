@@ -161,6 +161,9 @@ pub enum NeuralGpuEvent {
 pub struct NeuralGpu {
     // Field order is drop order: graphs go before the memory their kernels address.
     cache: GraphCache<u32, OwnedGraph>,
+    /// The overlap path's input kernels: a cache of their own, since a cache captures a key
+    /// only after a streak of frames asking for it and the two halves of a frame alternate.
+    input_cache: GraphCache<u32, OwnedGraph>,
     arena: DeviceBlock,
     statics: DeviceBlock,
     host_control: Box<NnControl>,
@@ -278,6 +281,7 @@ impl NeuralGpu {
         }];
         Ok(NeuralGpu {
             cache: GraphCache::new(GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES),
+            input_cache: GraphCache::new(1, GRAPH_WARMUP_FRAMES),
             arena,
             statics,
             host_control: Box::new(bytemuck::Zeroable::zeroed()),
@@ -543,12 +547,12 @@ impl NeuralGpu {
     ) -> Result<bool, CudaError> {
         let before = io.launches_before();
         let after = io.launches() - before;
-        let first = self.run_graph(2, before, |gpu| io.before(&gpu.stream))?;
+        let first = self.run_graph(true, 2, before, |gpu| io.before(&gpu.stream))?;
         input_read
             .record(&self.stream)
             .map_err(driver("cuEventRecord"))?;
         let launches = self.launches_per_frame() + after;
-        let rest = self.run_graph(3, launches, |gpu| {
+        let rest = self.run_graph(false, 3, launches, |gpu| {
             gpu.enqueue_range(0, gpu.program.launches.len())?;
             io.after(&gpu.stream)
         })?;
@@ -575,13 +579,15 @@ impl NeuralGpu {
         io: Option<&dyn DeviceFrameIo>,
     ) -> Result<bool, CudaError> {
         let launches = self.launches_per_frame() + io.map_or(0, |io| io.launches());
-        self.run_graph(key, launches, |gpu| gpu.enqueue_frame(io))
+        self.run_graph(false, key, launches, |gpu| gpu.enqueue_frame(io))
     }
 
-    /// Runs what `enqueue` puts on the stream as graph `key` (eagerly without graphs, while it
-    /// warms up or after its capture failed); returns whether a graph ran.
+    /// Runs what `enqueue` puts on the stream as graph `key` of the frame cache or, with
+    /// `input`, of the input kernels' cache (eagerly without graphs, while it warms up or
+    /// after its capture failed); returns whether a graph ran.
     fn run_graph(
         &mut self,
+        input: bool,
         key: u32,
         launches: u32,
         enqueue: impl Fn(&NeuralGpu) -> Result<(), CudaError>,
@@ -590,9 +596,18 @@ impl NeuralGpu {
             enqueue(self)?;
             return Ok(false);
         }
-        let mut cache = std::mem::replace(&mut self.cache, GraphCache::new(1, 0));
+        let slot = if input {
+            &mut self.input_cache
+        } else {
+            &mut self.cache
+        };
+        let mut cache = std::mem::replace(slot, GraphCache::new(1, 0));
         let ran = cache.run(&key, &self.stream, || enqueue(self));
-        self.cache = cache;
+        if input {
+            self.input_cache = cache;
+        } else {
+            self.cache = cache;
+        }
         Ok(match ran? {
             Ran::Eager => false,
             Ran::Replayed => true,
