@@ -34,8 +34,8 @@ use crate::neural::frame::{
     ConverterConfig, SampleTaps, TensorLayout, scaled_dimension, scaling_taps,
 };
 use crate::neural::temporal::{OutputFilter, SceneCut};
-use crate::pipeline::FrameGeometry;
 use crate::pipeline::params::{THUMB_H, THUMB_W};
+use crate::pipeline::{FrameGeometry, Nv12Frame};
 
 pub const KERNEL_SOURCE: &str = include_str!("../../kernels/neural_frame.cu");
 pub const KERNEL_FILE: &str = "neural_frame.cu";
@@ -741,7 +741,13 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
         let (w, h) = (f.width, f.height);
         let (source, bytes) = match &self.input {
             FrameSource::Host(i) => {
-                check_geometry(i.geometry, w, h, "input")?;
+                check_host_frame(
+                    i.geometry,
+                    (i.y, i.y_stride),
+                    (i.uv, i.uv_stride),
+                    (w, h),
+                    "input",
+                )?;
                 let planes = host_planes(
                     i.y.as_ptr() as *mut u8,
                     i.y_stride,
@@ -822,7 +828,13 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
         let (w, h) = (self.frames.width, self.frames.height);
         let (target, bytes) = match &mut self.output {
             FrameTarget::Host(o) => {
-                check_geometry(o.geometry, w, h, "output")?;
+                check_host_frame(
+                    o.geometry,
+                    (&*o.y, o.y_stride),
+                    (&*o.uv, o.uv_stride),
+                    (w, h),
+                    "output",
+                )?;
                 let planes =
                     host_planes(o.y.as_mut_ptr(), o.y_stride, o.uv.as_mut_ptr(), o.uv_stride);
                 (planes, self.frames.frame_bytes())
@@ -864,11 +876,13 @@ pub(crate) fn verdict_of(state: &NfState) -> (SceneCut, usize) {
     )
 }
 
-/// A host frame's size against the frame path's.
-pub(crate) fn check_geometry(
+/// A host frame against the frame path's size, its planes checked again (the fields are
+/// public): no copy may run past a slice.
+pub(crate) fn check_host_frame(
     g: FrameGeometry,
-    w: usize,
-    h: usize,
+    (y, y_stride): (&[u8], usize),
+    (uv, uv_stride): (&[u8], usize),
+    (w, h): (usize, usize),
     what: &str,
 ) -> Result<(), CudaError> {
     if (g.width, g.height) != (w, h) {
@@ -877,6 +891,8 @@ pub(crate) fn check_geometry(
             g.width, g.height
         )));
     }
+    Nv12Frame::new(g, y, y_stride, uv, uv_stride)
+        .map_err(|e| CudaError::Failed(format!("{what} frame: {e}")))?;
     Ok(())
 }
 
@@ -964,6 +980,43 @@ fn ring_bytes(w: usize, h: usize, capacity: usize) -> u64 {
 mod tests {
     use super::*;
     use crate::pipeline::ring::TemporalRing;
+
+    /// A host frame of another size, or whose planes do not hold it (the fields are public),
+    /// is refused before any copy is queued.
+    #[test]
+    fn host_frames_of_another_size_or_short_planes_are_refused() {
+        let g = FrameGeometry::new(64, 48).unwrap();
+        let (y, uv) = (vec![0u8; 64 * 48], vec![0u8; 64 * 24]);
+        assert!(check_host_frame(g, (&y, 64), (&uv, 64), (64, 48), "input").is_ok());
+        let padded = vec![0u8; 80 * 47 + 64];
+        assert!(check_host_frame(g, (&padded, 80), (&uv, 64), (64, 48), "input").is_ok());
+        let cases = [
+            (
+                check_host_frame(g, (&y, 64), (&uv, 64), (64, 50), "input"),
+                "holds 64x50",
+            ),
+            (
+                check_host_frame(g, (&y[1..], 64), (&uv, 64), (64, 48), "input"),
+                "Y plane",
+            ),
+            (
+                check_host_frame(g, (&y, 64), (&uv[..64 * 23], 64), (64, 48), "output"),
+                "UV",
+            ),
+            (
+                check_host_frame(g, (&y, 80), (&uv, 64), (64, 48), "input"),
+                "Y plane",
+            ),
+            (
+                check_host_frame(g, (&y, 32), (&uv, 64), (64, 48), "input"),
+                "stride 32",
+            ),
+        ];
+        for (result, needle) in cases {
+            let message = result.expect_err(needle).to_string();
+            assert!(message.contains(needle), "{message}");
+        }
+    }
 
     #[test]
     fn device_taps_follow_the_converters_lists_in_order_and_refuse_wide_samples() {

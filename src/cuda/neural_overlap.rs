@@ -25,7 +25,7 @@ use super::error::{CudaError, driver};
 use super::neural::NeuralGpu;
 use super::neural::program::NnControl;
 use super::neural_frame::{
-    DeviceFrames, NfControl, NfState, check_geometry, host_planes, verdict_of,
+    DeviceFrames, NfControl, NfState, check_host_frame, host_planes, verdict_of,
 };
 use super::overlap::{HOST_SLOTS, SlotRing};
 use super::pinned::PinnedHostBuffer;
@@ -179,8 +179,20 @@ impl NeuralOverlap {
             frames.params().width as usize,
             frames.params().height as usize,
         );
-        check_geometry(input.geometry, w, h, "input")?;
-        check_geometry(output.geometry, w, h, "output")?;
+        check_host_frame(
+            input.geometry,
+            (input.y, input.y_stride),
+            (input.uv, input.uv_stride),
+            (w, h),
+            "input",
+        )?;
+        check_host_frame(
+            output.geometry,
+            (&*output.y, output.y_stride),
+            (&*output.uv, output.uv_stride),
+            (w, h),
+            "output",
+        )?;
         gpu.context()
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
