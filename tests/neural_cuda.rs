@@ -1333,6 +1333,16 @@ fn speed() {
     }
 }
 
+/// The element of a harness made by `new_parse("toonflow name=t ...")` (it wraps it in a bin).
+fn toonflow_named_t(harness: &gst_check::Harness) -> gst::Element {
+    harness
+        .element()
+        .unwrap()
+        .downcast_ref::<gst::Bin>()
+        .and_then(|b| b.by_name("t"))
+        .expect("toonflow named t")
+}
+
 /// The network's overlap path (frames queued back to back, each upload beside the previous
 /// frame's network, pushed from the push thread) makes the synchronous path's frames byte for
 /// byte, with every frame pushed before any is pulled: through scene cuts (the device trims
@@ -1365,12 +1375,7 @@ fn the_overlap_path_makes_the_synchronous_frames_through_cuts_and_history_change
              overlap={overlap}"
         ));
         harness.set_src_caps(common::nv12_caps(w, h));
-        let element = harness
-            .element()
-            .unwrap()
-            .downcast_ref::<gst::Bin>()
-            .and_then(|b| b.by_name("t"))
-            .expect("toonflow named t");
+        let element = toonflow_named_t(&harness);
         for (i, frame) in clip.iter().enumerate() {
             if i == 8 {
                 element.set_property("temporal-history", 6u32);
@@ -1457,14 +1462,7 @@ fn the_element_runs_the_network_on_the_gpu() {
         h.set_src_caps(common::nv12_caps(160, 96));
         h
     };
-    let stats = |h: &gst_check::Harness| {
-        h.element()
-            .unwrap()
-            .downcast_ref::<gst::Bin>()
-            .and_then(|b| b.by_name("t"))
-            .expect("toonflow named t")
-            .property::<gst::Structure>("stats")
-    };
+    let stats = |h: &gst_check::Harness| toonflow_named_t(h).property::<gst::Structure>("stats");
     let mut cpu_h = element("cpu", "fp32");
     let cpu = common::push_frame(&mut cpu_h, &frame);
     assert_eq!(stats(&cpu_h).get::<u32>("stages").unwrap(), 38);

@@ -34,8 +34,8 @@ use crate::neural::frame::{
     ConverterConfig, SampleTaps, TensorLayout, scaled_dimension, scaling_taps,
 };
 use crate::neural::temporal::{OutputFilter, SceneCut};
+use crate::pipeline::FrameGeometry;
 use crate::pipeline::params::{THUMB_H, THUMB_W};
-use crate::pipeline::{FrameGeometry, Nv12Frame};
 
 pub const KERNEL_SOURCE: &str = include_str!("../../kernels/neural_frame.cu");
 pub const KERNEL_FILE: &str = "neural_frame.cu";
@@ -741,13 +741,7 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
         let (w, h) = (f.width, f.height);
         let (source, bytes) = match &self.input {
             FrameSource::Host(i) => {
-                check_host_frame(
-                    i.geometry,
-                    (i.y, i.y_stride),
-                    (i.uv, i.uv_stride),
-                    (w, h),
-                    "input",
-                )?;
+                check_host_frame(i.geometry, i.check(), (w, h), "input")?;
                 let planes = host_planes(
                     i.y.as_ptr() as *mut u8,
                     i.y_stride,
@@ -828,13 +822,7 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
         let (w, h) = (self.frames.width, self.frames.height);
         let (target, bytes) = match &mut self.output {
             FrameTarget::Host(o) => {
-                check_host_frame(
-                    o.geometry,
-                    (&*o.y, o.y_stride),
-                    (&*o.uv, o.uv_stride),
-                    (w, h),
-                    "output",
-                )?;
+                check_host_frame(o.geometry, o.check(), (w, h), "output")?;
                 let planes =
                     host_planes(o.y.as_mut_ptr(), o.y_stride, o.uv.as_mut_ptr(), o.uv_stride);
                 (planes, self.frames.frame_bytes())
@@ -876,12 +864,11 @@ pub(crate) fn verdict_of(state: &NfState) -> (SceneCut, usize) {
     )
 }
 
-/// A host frame against the frame path's size, its planes checked again (the fields are
-/// public): no copy may run past a slice.
+/// A host frame against the frame path's size, with `planes` its planes' check
+/// (`Nv12Frame::check`: the fields are public, no copy may run past a slice).
 pub(crate) fn check_host_frame(
     g: FrameGeometry,
-    (y, y_stride): (&[u8], usize),
-    (uv, uv_stride): (&[u8], usize),
+    planes: Result<(), String>,
     (w, h): (usize, usize),
     what: &str,
 ) -> Result<(), CudaError> {
@@ -891,9 +878,7 @@ pub(crate) fn check_host_frame(
             g.width, g.height
         )));
     }
-    Nv12Frame::new(g, y, y_stride, uv, uv_stride)
-        .map_err(|e| CudaError::Failed(format!("{what} frame: {e}")))?;
-    Ok(())
+    planes.map_err(|e| CudaError::Failed(format!("{what} frame: {e}")))
 }
 
 /// `target` for a shorter borrow (a frame's first half, before the calibration rebuilds the
@@ -979,38 +964,34 @@ fn ring_bytes(w: usize, h: usize, capacity: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::Nv12Frame;
     use crate::pipeline::ring::TemporalRing;
 
     /// A host frame of another size, or whose planes do not hold it (the fields are public),
     /// is refused before any copy is queued.
     #[test]
     fn host_frames_of_another_size_or_short_planes_are_refused() {
-        let g = FrameGeometry::new(64, 48).unwrap();
+        let geometry = FrameGeometry::new(64, 48).unwrap();
         let (y, uv) = (vec![0u8; 64 * 48], vec![0u8; 64 * 24]);
-        assert!(check_host_frame(g, (&y, 64), (&uv, 64), (64, 48), "input").is_ok());
         let padded = vec![0u8; 80 * 47 + 64];
-        assert!(check_host_frame(g, (&padded, 80), (&uv, 64), (64, 48), "input").is_ok());
+        let frame = |y: &[u8], y_stride, uv: &[u8], size| {
+            let f = Nv12Frame {
+                geometry,
+                y,
+                y_stride,
+                uv,
+                uv_stride: 64,
+            };
+            check_host_frame(geometry, f.check(), size, "input")
+        };
+        assert!(frame(&y, 64, &uv, (64, 48)).is_ok());
+        assert!(frame(&padded, 80, &uv, (64, 48)).is_ok());
         let cases = [
-            (
-                check_host_frame(g, (&y, 64), (&uv, 64), (64, 50), "input"),
-                "holds 64x50",
-            ),
-            (
-                check_host_frame(g, (&y[1..], 64), (&uv, 64), (64, 48), "input"),
-                "Y plane",
-            ),
-            (
-                check_host_frame(g, (&y, 64), (&uv[..64 * 23], 64), (64, 48), "output"),
-                "UV",
-            ),
-            (
-                check_host_frame(g, (&y, 80), (&uv, 64), (64, 48), "input"),
-                "Y plane",
-            ),
-            (
-                check_host_frame(g, (&y, 32), (&uv, 64), (64, 48), "input"),
-                "stride 32",
-            ),
+            (frame(&y, 64, &uv, (64, 50)), "holds 64x50"),
+            (frame(&y[1..], 64, &uv, (64, 48)), "Y plane"),
+            (frame(&y, 64, &uv[..64 * 23], (64, 48)), "UV"),
+            (frame(&y, 80, &uv, (64, 48)), "Y plane"),
+            (frame(&y, 32, &uv, (64, 48)), "stride 32"),
         ];
         for (result, needle) in cases {
             let message = result.expect_err(needle).to_string();

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
 use super::GpuFrameStats;
 use super::context::guard;
@@ -27,8 +27,7 @@ use super::neural::program::NnControl;
 use super::neural_frame::{
     DeviceFrames, NfControl, NfState, check_host_frame, host_planes, verdict_of,
 };
-use super::overlap::{HOST_SLOTS, SlotRing};
-use super::pinned::PinnedHostBuffer;
+use super::overlap::{FlightSlot, HOST_SLOTS, InFlight, SlotRing};
 use super::pipeline::{FrameSource, FrameTarget, copy_nv12, elapsed_us};
 use crate::neural::temporal::SceneCut;
 use crate::pipeline::{Nv12Frame, Nv12FrameMut};
@@ -60,23 +59,6 @@ pub struct QueuedFrame {
     pub finished: Vec<FinishedFrame>,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct InFlight {
-    launches: u32,
-    replayed: bool,
-    host_time_us: f64,
-}
-
-struct FlightSlot {
-    host: PinnedHostBuffer,
-    /// 0/1: upload start and end (copy stream); 2: kernels start; 3: the input planes read
-    /// (the next upload waits for it); 4: kernels end.
-    ev: [CudaEvent; 5],
-    /// After the download and the verdict: blocking sync, so a thread that waits sleeps.
-    done: Arc<CudaEvent>,
-    frame: InFlight,
-}
-
 /// The copy stream and the host slots of one stream's neural frame path.
 pub struct NeuralOverlap {
     slots: Vec<FlightSlot>,
@@ -90,29 +72,10 @@ impl NeuralOverlap {
     /// The copy stream and the host slots in `ctx` (no device memory).
     pub fn new(ctx: &Arc<CudaContext>) -> Result<NeuralOverlap, CudaError> {
         guard("setting up the neural overlap", || {
-            let copy = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
-            let ev = |flags| ctx.new_event(Some(flags)).map_err(driver("cuEventCreate"));
-            let timing = sys::CUevent_flags::CU_EVENT_DEFAULT;
-            let slots = (0..HOST_SLOTS)
-                .map(|_| {
-                    Ok(FlightSlot {
-                        host: PinnedHostBuffer::in_context(ctx.clone(), SLOT_BYTES)?,
-                        ev: [
-                            ev(timing)?,
-                            ev(timing)?,
-                            ev(timing)?,
-                            ev(timing)?,
-                            ev(timing)?,
-                        ],
-                        done: Arc::new(ev(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC)?),
-                        frame: InFlight::default(),
-                    })
-                })
-                .collect::<Result<Vec<_>, CudaError>>()?;
             Ok(NeuralOverlap {
-                slots,
+                slots: FlightSlot::make_all(ctx, SLOT_BYTES)?,
                 ring: SlotRing::new(HOST_SLOTS),
-                copy,
+                copy: ctx.new_stream().map_err(driver("cuStreamCreate"))?,
                 finished_early: Vec::new(),
             })
         })
@@ -179,20 +142,8 @@ impl NeuralOverlap {
             frames.params().width as usize,
             frames.params().height as usize,
         );
-        check_host_frame(
-            input.geometry,
-            (input.y, input.y_stride),
-            (input.uv, input.uv_stride),
-            (w, h),
-            "input",
-        )?;
-        check_host_frame(
-            output.geometry,
-            (&*output.y, output.y_stride),
-            (&*output.uv, output.uv_stride),
-            (w, h),
-            "output",
-        )?;
+        check_host_frame(input.geometry, input.check(), (w, h), "input")?;
+        check_host_frame(output.geometry, output.check(), (w, h), "output")?;
         gpu.context()
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
@@ -337,15 +288,7 @@ impl NeuralOverlap {
         let mut out = Vec::new();
         while let Some(i) = self.ring.oldest() {
             let slot = &self.slots[i];
-            if wait_one && out.is_empty() {
-                slot.done
-                    .synchronize()
-                    .map_err(driver("cuEventSynchronize"))?;
-            } else if !slot
-                .done
-                .try_is_complete()
-                .map_err(driver("cuEventQuery"))?
-            {
+            if !slot.complete(wait_one && out.is_empty())? {
                 break;
             }
             let state: NfState = bytemuck::pod_read_unaligned(

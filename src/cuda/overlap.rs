@@ -8,9 +8,78 @@
 //! Each frame in flight owns a *host slot* (page-locked parameter block and analysis report,
 //! its CUDA events) until its completion has been seen: [`SlotRing`] says which host slot the
 //! next frame takes, which ones are in flight (oldest first), and which frame last read the
-//! landing slot.
+//! landing slot. [`FlightSlot`] is that host slot, shared with the network's overlap path
+//! (`neural_overlap.rs`).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaEvent, sys};
+
+use super::context::guard;
+use super::error::{CudaError, driver};
+use super::pinned::PinnedHostBuffer;
+
+/// What a frame in flight remembers until its completion is seen.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct InFlight {
+    pub launches: u32,
+    pub replayed: bool,
+    pub host_time_us: f64,
+}
+
+/// A frame's host slot on an overlap path.
+pub(crate) struct FlightSlot {
+    /// What goes up and comes back with the frame (each path lays it out).
+    pub host: PinnedHostBuffer,
+    /// 0/1: upload start and end (copy stream); 2: compute start; 3: the input read (the next
+    /// upload waits for it); 4: kernels end (compute stream).
+    pub ev: [CudaEvent; 5],
+    /// After the download: blocking sync, so a thread that waits for it sleeps instead of
+    /// spinning.
+    pub done: Arc<CudaEvent>,
+    pub frame: InFlight,
+}
+
+impl FlightSlot {
+    /// [`HOST_SLOTS`] slots of `host_bytes` page-locked bytes each, with their events, in `ctx`.
+    pub(crate) fn make_all(
+        ctx: &Arc<CudaContext>,
+        host_bytes: usize,
+    ) -> Result<Vec<FlightSlot>, CudaError> {
+        guard("setting up the overlap's host slots", || {
+            let ev = |flags| ctx.new_event(Some(flags)).map_err(driver("cuEventCreate"));
+            let timing = sys::CUevent_flags::CU_EVENT_DEFAULT;
+            (0..HOST_SLOTS)
+                .map(|_| {
+                    Ok(FlightSlot {
+                        host: PinnedHostBuffer::in_context(ctx.clone(), host_bytes)?,
+                        ev: [
+                            ev(timing)?,
+                            ev(timing)?,
+                            ev(timing)?,
+                            ev(timing)?,
+                            ev(timing)?,
+                        ],
+                        done: Arc::new(ev(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC)?),
+                        frame: InFlight::default(),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Whether the frame is complete: with `wait`, after waiting for it.
+    pub(crate) fn complete(&self, wait: bool) -> Result<bool, CudaError> {
+        if wait {
+            self.done
+                .synchronize()
+                .map_err(driver("cuEventSynchronize"))?;
+            return Ok(true);
+        }
+        self.done.try_is_complete().map_err(driver("cuEventQuery"))
+    }
+}
 
 /// Host slots of a pipeline with overlap: one frame in the compute stream, one uploading, one
 /// whose completion the element has not yet seen.

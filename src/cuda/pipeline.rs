@@ -15,7 +15,7 @@ use super::error::{CudaError, driver};
 use super::graph::{GraphCache, GraphKey, OwnedGraph, Ran};
 use super::kernels::{Kernels, kernels};
 use super::launch::{DevicePtrs, clear_statistics, enqueue_frame};
-use super::overlap::{HOST_SLOTS, SlotRing};
+use super::overlap::{FlightSlot, HOST_SLOTS, InFlight, SlotRing};
 use super::pinned::{PinnedHostBuffer, is_page_locked};
 use super::plan::{MemoryPlan, check_cap, classic_plan};
 use super::staging::{self, HostPlane, StagedUpload};
@@ -209,28 +209,6 @@ fn read_report(host: &PinnedHostBuffer) -> FrameReport {
     }
 }
 
-/// A frame in flight on the overlap path: what its host slot remembers until its completion
-/// is seen.
-#[derive(Debug, Clone, Copy, Default)]
-struct InFlight {
-    launches: u32,
-    replayed: bool,
-    host_time_us: f64,
-}
-
-/// A frame's host slot on the overlap path.
-struct FlightSlot {
-    /// Parameter block and control going up, the frame's analysis (TfFrame) coming back.
-    host: PinnedHostBuffer,
-    /// 0/1: upload start and end (copy stream); 2: compute start; 3: the landing slot read
-    /// (the next upload waits for it); 4: kernels end (compute stream).
-    ev: [CudaEvent; 5],
-    /// After the download and the analysis report: blocking sync, so the push thread that
-    /// waits for it sleeps instead of spinning.
-    done: Arc<CudaEvent>,
-    frame: InFlight,
-}
-
 /// The overlap path's device and host resources, made on its first frame.
 struct Overlap {
     slots: Vec<FlightSlot>,
@@ -259,26 +237,8 @@ impl Overlap {
         let landing = allocate(ctx, frame_bytes, "overlap's landing slot")?;
         guard("setting up overlap", || {
             let copy = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
-            let ev = |flags| ctx.new_event(Some(flags)).map_err(driver("cuEventCreate"));
-            let timing = sys::CUevent_flags::CU_EVENT_DEFAULT;
-            let slots = (0..HOST_SLOTS)
-                .map(|_| {
-                    Ok(FlightSlot {
-                        host: PinnedHostBuffer::in_context(ctx.clone(), HOST_BYTES)?,
-                        ev: [
-                            ev(timing)?,
-                            ev(timing)?,
-                            ev(timing)?,
-                            ev(timing)?,
-                            ev(timing)?,
-                        ],
-                        done: Arc::new(ev(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC)?),
-                        frame: InFlight::default(),
-                    })
-                })
-                .collect::<Result<Vec<_>, CudaError>>()?;
             Ok(Overlap {
-                slots,
+                slots: FlightSlot::make_all(ctx, HOST_BYTES)?,
                 ring: SlotRing::new(HOST_SLOTS),
                 landing,
                 copy,
@@ -808,15 +768,7 @@ impl CudaPipeline {
         let mut out = Vec::new();
         while let Some(i) = ov.ring.oldest() {
             let slot = &ov.slots[i];
-            if wait_one && out.is_empty() {
-                slot.done
-                    .synchronize()
-                    .map_err(driver("cuEventSynchronize"))?;
-            } else if !slot
-                .done
-                .try_is_complete()
-                .map_err(driver("cuEventQuery"))?
-            {
+            if !slot.complete(wait_one && out.is_empty())? {
                 break;
             }
             let bytes = self.geometry().nv12_bytes() as u64;
@@ -896,7 +848,8 @@ impl CudaPipeline {
                 if input.geometry != g {
                     return Err(geometry_error(input.geometry, g));
                 }
-                Nv12Frame::new(g, input.y, input.y_stride, input.uv, input.uv_stride)
+                input
+                    .check()
                     .map_err(|e| CudaError::Failed(format!("input frame: {e}")))?;
             }
             FrameSource::Device(d) => d.check(w, "input")?,
@@ -906,14 +859,9 @@ impl CudaPipeline {
                 if output.geometry != g {
                     return Err(geometry_error(output.geometry, g));
                 }
-                Nv12Frame::new(
-                    g,
-                    &*output.y,
-                    output.y_stride,
-                    &*output.uv,
-                    output.uv_stride,
-                )
-                .map_err(|e| CudaError::Failed(format!("output frame: {e}")))?;
+                output
+                    .check()
+                    .map_err(|e| CudaError::Failed(format!("output frame: {e}")))?;
             }
             FrameTarget::Device(d) => d.check(w, "output")?,
         }

@@ -100,21 +100,33 @@ impl<'a> Nv12Frame<'a> {
         uv: &'a [u8],
         uv_stride: usize,
     ) -> Result<Self, String> {
-        check_plane("Y", y.len(), y_stride, geometry.width, geometry.height)?;
-        check_plane(
-            "UV",
-            uv.len(),
-            uv_stride,
-            geometry.width,
-            geometry.chroma_height(),
-        )?;
-        Ok(Nv12Frame {
+        let frame = Nv12Frame {
             geometry,
             y,
             y_stride,
             uv,
             uv_stride,
-        })
+        };
+        frame.check()?;
+        Ok(frame)
+    }
+
+    /// Checks again that the planes hold the whole frame (the fields are public).
+    pub fn check(&self) -> Result<(), String> {
+        check_plane(
+            "Y",
+            self.y.len(),
+            self.y_stride,
+            self.geometry.width,
+            self.geometry.height,
+        )?;
+        check_plane(
+            "UV",
+            self.uv.len(),
+            self.uv_stride,
+            self.geometry.width,
+            self.geometry.chroma_height(),
+        )
     }
 
     /// A tightly packed frame (Y then UV) in one slice.
@@ -134,6 +146,18 @@ impl<'a> Nv12Frame<'a> {
 }
 
 impl<'a> Nv12FrameMut<'a> {
+    /// Checks again that the planes hold the whole frame (the fields are public).
+    pub fn check(&self) -> Result<(), String> {
+        Nv12Frame {
+            geometry: self.geometry,
+            y: self.y,
+            y_stride: self.y_stride,
+            uv: self.uv,
+            uv_stride: self.uv_stride,
+        }
+        .check()
+    }
+
     pub fn new(
         geometry: FrameGeometry,
         y: &'a mut [u8],
