@@ -2,13 +2,15 @@
 //! queued and the call returns without waiting for it, so the next frame's upload runs while
 //! this one's network does.
 //!
-//! A frame's upload runs on a copy stream straight into the frame path's input planes, once the
-//! previous frame's input kernels have read them: the frame runs as two graphs, the input
-//! kernels (thumbnail, scene gate, NV12 → the network's input), an event, then the network and
-//! the output kernels, so the next upload overlaps the network (unlike the classic pipeline's
-//! path, `overlap.rs`, no landing slot is needed). The network's stream waits for the upload,
-//! replays both graphs, downloads the result and the scene verdict, and records the frame's
-//! `done` event. Each frame in flight owns a page-locked host slot (its control blocks going up, its verdict
+//! A frame runs as three graphs on the network's stream: the input kernels (thumbnail, scene
+//! gate, NV12 → the network's input), the network, the output kernels (filter → NV12). Its
+//! upload runs on an upload stream straight into the frame path's input planes once the
+//! previous frame's input kernels have read them, and its download on a download stream from
+//! the output planes once its output kernels are done; the next frame's output kernels wait
+//! for that download. So both copies overlap the next frame's network, with no landing slot
+//! (unlike the classic pipeline's path, `overlap.rs`). The scene verdict comes back on the
+//! network's stream before the next frame's gate overwrites it; the frame's `done` event is
+//! recorded after its download. Each frame in flight owns a page-locked host slot (its control blocks going up, its verdict
 //! coming back) and its events until its completion has been seen. The ring slots a frame's
 //! output filter reads are planned before the verdicts of the frames still in flight: the
 //! device trims the plan after a scene cut itself (`nf_scene`).
@@ -59,23 +61,29 @@ pub struct QueuedFrame {
     pub finished: Vec<FinishedFrame>,
 }
 
-/// The copy stream and the host slots of one stream's neural frame path.
+/// The copy streams and the host slots of one stream's neural frame path.
 pub struct NeuralOverlap {
-    slots: Vec<FlightSlot>,
+    /// Events: 0/1 upload start and end (upload stream); 2 kernels start; 3 the input planes
+    /// read (the next upload waits for it); 4 kernels and verdict done; 5 download start.
+    slots: Vec<FlightSlot<6>>,
     ring: SlotRing,
-    copy: Arc<CudaStream>,
+    up: Arc<CudaStream>,
+    down: Arc<CudaStream>,
     /// Frames seen complete by a wait outside `submit`/`harvest` (before a settings change).
     finished_early: Vec<FinishedFrame>,
 }
 
 impl NeuralOverlap {
-    /// The copy stream and the host slots in `ctx` (no device memory).
+    /// The copy streams and the host slots in `ctx` (no device memory).
     pub fn new(ctx: &Arc<CudaContext>) -> Result<NeuralOverlap, CudaError> {
         guard("setting up the neural overlap", || {
+            let up = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+            let down = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
             Ok(NeuralOverlap {
                 slots: FlightSlot::make_all(ctx, SLOT_BYTES)?,
                 ring: SlotRing::new(HOST_SLOTS),
-                copy: ctx.new_stream().map_err(driver("cuStreamCreate"))?,
+                up,
+                down,
                 finished_early: Vec::new(),
             })
         })
@@ -119,8 +127,7 @@ impl NeuralOverlap {
             }
             Err(e) => {
                 // A frame cut short: nothing of it may run on after the error is returned.
-                let _ = gpu.stream().synchronize();
-                let _ = self.copy.synchronize();
+                self.synchronize(gpu);
                 frames.reset();
                 gpu.reset();
                 // the outcomes of earlier frames seen complete wait for the next harvest
@@ -155,10 +162,11 @@ impl NeuralOverlap {
             .ring
             .next_free()
             .ok_or_else(|| CudaError::Failed("no free host slot after a wait".into()))?;
-        let (s, copy) = (gpu.stream().clone(), self.copy.clone());
+        let (s, up, down) = (gpu.stream().clone(), self.up.clone(), self.down.clone());
         // The input planes are free once the last submitted frame's input kernels read them.
-        if let Some(prev) = self.ring.last_submitted() {
-            copy.wait(&self.slots[prev].ev[3])
+        let prev = self.ring.last_submitted();
+        if let Some(prev) = prev {
+            up.wait(&self.slots[prev].ev[3])
                 .map_err(driver("cuStreamWaitEvent"))?;
         }
         let nv12_in = Rows::device(frames.params().nv12_in, w);
@@ -176,11 +184,11 @@ impl NeuralOverlap {
             output.uv_stride,
         );
         let slot = &mut self.slots[i];
-        slot.ev[0].record(&copy).map_err(driver("cuEventRecord"))?;
+        slot.ev[0].record(&up).map_err(driver("cuEventRecord"))?;
         // SAFETY: the input planes hold `h` (`h/2`) rows of `w` bytes (checked above) and the
         // caller keeps them unwritten until `done`; "nv12_in" holds a packed frame.
-        unsafe { copy_nv12(copy.cu_stream(), source, nv12_in, w, h, "upload")? };
-        slot.ev[1].record(&copy).map_err(driver("cuEventRecord"))?;
+        unsafe { copy_nv12(up.cu_stream(), source, nv12_in, w, h, "upload")? };
+        slot.ev[1].record(&up).map_err(driver("cuEventRecord"))?;
 
         let cs = s.cu_stream();
         s.wait(&slot.ev[1]).map_err(driver("cuStreamWaitEvent"))?;
@@ -214,15 +222,14 @@ impl NeuralOverlap {
             )
             .map_err(driver("neural frame control upload"))?;
         }
-        let replayed = gpu.enqueue_device_frame(&job, &slot.ev[3])?;
+        // the output planes are free once the last submitted frame's download read them
+        let output_free = prev.map(|prev| &*self.slots[prev].done);
+        let replayed = gpu.enqueue_device_frame(&job, &self.slots[i].ev[3], output_free)?;
         let slot = &mut self.slots[i];
-        slot.ev[4].record(&s).map_err(driver("cuEventRecord"))?;
-        let planes = Rows::device(p.nv12_out, w);
-        // SAFETY: "nv12_out" holds the packed frame; the output planes were checked to hold
-        // the frame and the caller keeps them alive and unread until `done` fires; the slot's
-        // block is read only after `done`.
+        // SAFETY: the slot's block is read only after `done`, which follows this copy (the
+        // download stream waits for ev[4]); the verdict is copied before the next frame's
+        // scene gate (the same stream) writes it again.
         unsafe {
-            copy_nv12(cs, [planes, planes.offset(w * h)], target, w, h, "download")?;
             copy_d2h(
                 cs,
                 p.state,
@@ -231,7 +238,25 @@ impl NeuralOverlap {
             )
             .map_err(driver("scene verdict download"))?;
         }
-        slot.done.record(&s).map_err(driver("cuEventRecord"))?;
+        slot.ev[4].record(&s).map_err(driver("cuEventRecord"))?;
+        down.wait(&slot.ev[4])
+            .map_err(driver("cuStreamWaitEvent"))?;
+        slot.ev[5].record(&down).map_err(driver("cuEventRecord"))?;
+        let planes = Rows::device(p.nv12_out, w);
+        // SAFETY: "nv12_out" holds the packed frame (the download waits for the output
+        // kernels, and the next frame's output kernels wait for `done`); the output planes were
+        // checked to hold the frame and the caller keeps them alive and unread until `done`.
+        unsafe {
+            copy_nv12(
+                down.cu_stream(),
+                [planes, planes.offset(w * h)],
+                target,
+                w,
+                h,
+                "download",
+            )?;
+        }
+        slot.done.record(&down).map_err(driver("cuEventRecord"))?;
         slot.frame = InFlight {
             launches: gpu.launches_per_frame() + frames.launches(),
             replayed,
@@ -267,14 +292,20 @@ impl NeuralOverlap {
         if self.ring.in_flight() == 0 {
             return;
         }
-        let _ = gpu.context().bind_to_thread();
-        let _ = gpu.stream().synchronize();
-        let _ = self.copy.synchronize();
+        self.synchronize(gpu);
         if let Ok(done) = self.harvest_from(gpu, frames, true) {
             self.finished_early.extend(done);
         }
-        // Both streams are idle: no frame is left in flight.
+        // The streams are idle: no frame is left in flight.
         self.ring.clear();
+    }
+
+    /// Waits for the three streams (errors ignored: nothing of the frames may run on).
+    fn synchronize(&self, gpu: &NeuralGpu) {
+        let _ = gpu.context().bind_to_thread();
+        let _ = gpu.stream().synchronize();
+        let _ = self.up.synchronize();
+        let _ = self.down.synchronize();
     }
 
     /// Frames complete, oldest first: without `wait_one` those already done, with it the
@@ -298,7 +329,7 @@ impl NeuralOverlap {
             let bytes = frames.frame_bytes();
             let (upload, download) = (
                 elapsed_us(&slot.ev[0], &slot.ev[1]),
-                elapsed_us(&slot.ev[4], &slot.done),
+                elapsed_us(&slot.ev[5], &slot.done),
             );
             let stats = GpuFrameStats {
                 gpu_time_us: elapsed_us(&slot.ev[2], &slot.ev[4]),

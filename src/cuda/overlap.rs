@@ -28,39 +28,39 @@ pub(crate) struct InFlight {
     pub host_time_us: f64,
 }
 
-/// A frame's host slot on an overlap path.
-pub(crate) struct FlightSlot {
+/// A frame's host slot on an overlap path, with `EVENTS` timing events (the classic path's five
+/// are listed at `ev`; the network's path numbers its own six).
+pub(crate) struct FlightSlot<const EVENTS: usize = 5> {
     /// What goes up and comes back with the frame (each path lays it out).
     pub host: PinnedHostBuffer,
     /// 0/1: upload start and end (copy stream); 2: compute start; 3: the input read (the next
     /// upload waits for it); 4: kernels end (compute stream).
-    pub ev: [CudaEvent; 5],
+    pub ev: [CudaEvent; EVENTS],
     /// After the download: blocking sync, so a thread that waits for it sleeps instead of
     /// spinning.
     pub done: Arc<CudaEvent>,
     pub frame: InFlight,
 }
 
-impl FlightSlot {
+impl<const EVENTS: usize> FlightSlot<EVENTS> {
     /// [`HOST_SLOTS`] slots of `host_bytes` page-locked bytes each, with their events, in `ctx`.
     pub(crate) fn make_all(
         ctx: &Arc<CudaContext>,
         host_bytes: usize,
-    ) -> Result<Vec<FlightSlot>, CudaError> {
+    ) -> Result<Vec<FlightSlot<EVENTS>>, CudaError> {
         guard("setting up the overlap's host slots", || {
             let ev = |flags| ctx.new_event(Some(flags)).map_err(driver("cuEventCreate"));
             let timing = sys::CUevent_flags::CU_EVENT_DEFAULT;
             (0..HOST_SLOTS)
                 .map(|_| {
+                    let events = (0..EVENTS)
+                        .map(|_| ev(timing))
+                        .collect::<Result<Vec<_>, CudaError>>()?;
                     Ok(FlightSlot {
                         host: PinnedHostBuffer::in_context(ctx.clone(), host_bytes)?,
-                        ev: [
-                            ev(timing)?,
-                            ev(timing)?,
-                            ev(timing)?,
-                            ev(timing)?,
-                            ev(timing)?,
-                        ],
+                        ev: events
+                            .try_into()
+                            .map_err(|_| CudaError::Failed("an overlap slot's events".into()))?,
                         done: Arc::new(ev(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC)?),
                         frame: InFlight::default(),
                     })

@@ -157,13 +157,23 @@ pub enum NeuralGpuEvent {
     GraphCaptureFailed { reason: String },
 }
 
+/// Which graph cache a launch sequence goes to: the frame's (the network, or a whole frame), or
+/// the overlap path's input or output kernels'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GraphPart {
+    Frame,
+    Input,
+    Output,
+}
+
 /// A specialised network on one device.
 pub struct NeuralGpu {
     // Field order is drop order: graphs go before the memory their kernels address.
     cache: GraphCache<u32, OwnedGraph>,
-    /// The overlap path's input kernels: a cache of their own, since a cache captures a key
-    /// only after a streak of frames asking for it and the two halves of a frame alternate.
-    input_cache: GraphCache<u32, OwnedGraph>,
+    /// The overlap path's input and output kernels ([`GraphPart`]): caches of their own, since
+    /// a cache captures a key only after a streak of frames asking for it and the parts of a
+    /// frame alternate.
+    part_caches: [GraphCache<u32, OwnedGraph>; 2],
     arena: DeviceBlock,
     statics: DeviceBlock,
     host_control: Box<NnControl>,
@@ -281,7 +291,10 @@ impl NeuralGpu {
         }];
         Ok(NeuralGpu {
             cache: GraphCache::new(GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES),
-            input_cache: GraphCache::new(1, GRAPH_WARMUP_FRAMES),
+            part_caches: [
+                GraphCache::new(1, GRAPH_WARMUP_FRAMES),
+                GraphCache::new(1, GRAPH_WARMUP_FRAMES),
+            ],
             arena,
             statics,
             host_control: Box::new(bytemuck::Zeroable::zeroed()),
@@ -537,26 +550,32 @@ impl NeuralGpu {
     }
 
     /// The overlap path: enqueues a device frame's kernels on the stream without copies or
-    /// waiting, in two graphs: `io`'s input kernels, then, after `input_read` is recorded
-    /// (the frame path's input planes may take the next frame from then on), the network and
-    /// `io`'s output kernels. Returns whether the graphs ran.
+    /// waiting, in three graphs: `io`'s input kernels; after `input_read` is recorded (the
+    /// frame path's input planes may take the next frame from then on) the network; after
+    /// the stream waited for `output_free` (the previous frame's download from the output
+    /// planes) `io`'s output kernels. Returns whether graphs ran.
     pub(crate) fn enqueue_device_frame(
         &mut self,
         io: &dyn DeviceFrameIo,
         input_read: &CudaEvent,
+        output_free: Option<&CudaEvent>,
     ) -> Result<bool, CudaError> {
         let before = io.launches_before();
         let after = io.launches() - before;
-        let first = self.run_graph(true, 2, before, |gpu| io.before(&gpu.stream))?;
+        let input = self.run_graph(GraphPart::Input, 2, before, |gpu| io.before(&gpu.stream))?;
         input_read
             .record(&self.stream)
             .map_err(driver("cuEventRecord"))?;
-        let launches = self.launches_per_frame() + after;
-        let rest = self.run_graph(false, 3, launches, |gpu| {
-            gpu.enqueue_range(0, gpu.program.launches.len())?;
-            io.after(&gpu.stream)
+        let network = self.run_graph(GraphPart::Frame, 3, self.launches_per_frame(), |gpu| {
+            gpu.enqueue_range(0, gpu.program.launches.len())
         })?;
-        Ok(first && rest)
+        if let Some(free) = output_free {
+            self.stream
+                .wait(free)
+                .map_err(driver("cuStreamWaitEvent"))?;
+        }
+        let output = self.run_graph(GraphPart::Output, 4, after, |gpu| io.after(&gpu.stream))?;
+        Ok(input && network && output)
     }
 
     /// Runs the launches of a frame without any copy (for timing): returns whether a graph ran.
@@ -579,15 +598,15 @@ impl NeuralGpu {
         io: Option<&dyn DeviceFrameIo>,
     ) -> Result<bool, CudaError> {
         let launches = self.launches_per_frame() + io.map_or(0, |io| io.launches());
-        self.run_graph(false, key, launches, |gpu| gpu.enqueue_frame(io))
+        self.run_graph(GraphPart::Frame, key, launches, |gpu| gpu.enqueue_frame(io))
     }
 
-    /// Runs what `enqueue` puts on the stream as graph `key` of the frame cache or, with
-    /// `input`, of the input kernels' cache (eagerly without graphs, while it warms up or
-    /// after its capture failed); returns whether a graph ran.
+    /// Runs what `enqueue` puts on the stream as graph `key` of `part`'s cache (eagerly
+    /// without graphs, while it warms up or after its capture failed); returns whether a graph
+    /// ran.
     fn run_graph(
         &mut self,
-        input: bool,
+        part: GraphPart,
         key: u32,
         launches: u32,
         enqueue: impl Fn(&NeuralGpu) -> Result<(), CudaError>,
@@ -596,17 +615,17 @@ impl NeuralGpu {
             enqueue(self)?;
             return Ok(false);
         }
-        let slot = if input {
-            &mut self.input_cache
-        } else {
-            &mut self.cache
+        let slot = match part {
+            GraphPart::Frame => &mut self.cache,
+            GraphPart::Input => &mut self.part_caches[0],
+            GraphPart::Output => &mut self.part_caches[1],
         };
         let mut cache = std::mem::replace(slot, GraphCache::new(1, 0));
         let ran = cache.run(&key, &self.stream, || enqueue(self));
-        if input {
-            self.input_cache = cache;
-        } else {
-            self.cache = cache;
+        match part {
+            GraphPart::Frame => self.cache = cache,
+            GraphPart::Input => self.part_caches[0] = cache,
+            GraphPart::Output => self.part_caches[1] = cache,
         }
         Ok(match ran? {
             Ran::Eager => false,
