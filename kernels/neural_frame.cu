@@ -12,7 +12,7 @@
 //   nf_nv12_to_tensor  NV12 -> the network's fp32 input (centred chroma with the block
 //                      correction, the caps' matrix and range, below model-scale 1 the area
 //                      average, reflect padding, value range, NHWC or NCHW)
-//   nf_tensor_to_nv12  model-scale 1: the network's output -> the temporal output filter
+//   nf_tensor_to_nv12  model-scale 1: the network's output (fp32 or fp16) -> the temporal output filter
 //                      against the ring of recent raw outputs (8-bit) -> NV12, one thread per
 //                      2x2 block
 //   nf_filter_scaled   below model-scale 1: the output filter at the network's content size
@@ -239,6 +239,13 @@ __device__ __forceinline__ unsigned char nf_ring_code(float v)
     return (unsigned char)roundf(fminf(fmaxf(v, 0.0f), 1.0f) * 255.0f);
 }
 
+// Value i of the network's output (fp32, or fp16 with out_half).
+__device__ __forceinline__ float nf_output_value(const NfFrame* p, long long i)
+{
+    return p->out_half ? half_bits_to_float(((const unsigned short*)p->tensor_out)[i])
+                       : ((const float*)p->tensor_out)[i];
+}
+
 // The temporal output filter at content pixel (x, y) of the network's output: the raw
 // output against the `used` most recent ring entries (8-bit codes, three planes of
 // scaled_w x scaled_h), the raw output into the ring's write slot; `rgb` gets the filtered
@@ -249,14 +256,13 @@ __device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3]
     const float kr = p->kr, kb = p->kb, kg = 1.0f - kr - kb;
     const float pb_div = 2.0f * (1.0f - kb), pr_div = 2.0f * (1.0f - kr);
     const float inv = 1.0f / p->v_scale;
-    const float* t = (const float*)p->tensor_out;
     unsigned char* ring = (unsigned char*)p->ring;
     const long long plane = (long long)p->scaled_w * p->scaled_h;
     const long long net_plane = (long long)p->net_w * p->net_h;
     const long long at = (long long)y * p->net_w + x, pixel = (long long)y * p->scaled_w + x;
     float f0[3];
     for (int c = 0; c < 3; c++)
-        f0[c] = ((p->nchw ? t[c * net_plane + at] : t[at * 3 + c]) - p->v_offset) * inv;
+        f0[c] = (nf_output_value(p, p->nchw ? c * net_plane + at : at * 3 + c) - p->v_offset) * inv;
     float acc[3] = {f0[0], f0[1], f0[2]};
     float wsum = 1.0f, sk = 1.0f;
     for (int k = 0; k < used; k++) {

@@ -22,6 +22,7 @@ use gsttoonflow::neural::frame::{
     ColorMatrix, ColorRange, ConverterConfig, FrameConverter, TensorLayout, ValueRange,
     scaling_taps,
 };
+use gsttoonflow::neural::precision::{fp16_bits, round_to_fp16};
 use gsttoonflow::neural::temporal::OutputFilter;
 
 const FRAMES: usize = 4;
@@ -38,7 +39,9 @@ fn put_f32(out: &mut Vec<u8>, v: &[f32]) {
 /// One case file for the host driver: the parameter block, the tap lists, an
 /// NV12 frame and the reference input tensor, then per frame the ring plan, a network output
 /// and the reference NV12.
-fn write_case(path: &Path, config: ConverterConfig, seed: u64) {
+/// With `half`, the network's output is stored in fp16 (`out_half`): the case holds its bits
+/// and the reference filters the values they stand for.
+fn write_case(path: &Path, config: ConverterConfig, seed: u64, half: bool) {
     let (w, h) = (config.width, config.height);
     let mut conv = FrameConverter::new(config).unwrap();
     let (sh, sw) = conv.scaled_size();
@@ -69,7 +72,8 @@ fn write_case(path: &Path, config: ConverterConfig, seed: u64) {
     let mut slots = RingSlots::new(HISTORY);
     let mut out = Vec::new();
     // the device's parameter block, addresses 0 (the driver points them at its buffers)
-    let params = neural_frame::frame_params(&config, (nh, nw));
+    let mut params = neural_frame::frame_params(&config, (nh, nw));
+    params.out_half = half as i32;
     out.extend_from_slice(bytemuck::bytes_of(&params));
     put_i32(&mut out, &[taps.len() as i32]);
     out.extend_from_slice(bytemuck::cast_slice(&taps));
@@ -78,7 +82,10 @@ fn write_case(path: &Path, config: ConverterConfig, seed: u64) {
     put_i32(&mut out, &[FRAMES as i32]);
     for _ in 0..FRAMES {
         let values = (0..input.data.len())
-            .map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0)
+            .map(|_| {
+                let v = (rng.next() % 2001) as f32 / 1000.0 - 1.0;
+                if half { round_to_fp16(v) } else { v }
+            })
             .collect();
         let network = Tensor::new(input.shape.clone(), values);
         let (recent, used, write) = slots.plan(HISTORY);
@@ -89,7 +96,12 @@ fn write_case(path: &Path, config: ConverterConfig, seed: u64) {
         put_i32(&mut out, &recent);
         put_i32(&mut out, &[used as i32, write.map_or(-1, |s| s as i32)]);
         put_f32(&mut out, &[strength, -1.0 / (2.0 * sigma * sigma)]);
-        put_f32(&mut out, &network.data);
+        if half {
+            let bits: Vec<u16> = network.data.iter().map(|&v| fp16_bits(v)).collect();
+            out.extend_from_slice(bytemuck::cast_slice(&bits));
+        } else {
+            put_f32(&mut out, &network.data);
+        }
         out.extend_from_slice(&y);
         out.extend_from_slice(&uv);
         slots.commit(write.is_some());
@@ -172,12 +184,17 @@ fn the_frame_kernels_run_on_the_host_give_the_cpu_references_results() {
             ..base
         },
     ];
+    // each configuration with the network's output in fp32 and in fp16
     let files: Vec<PathBuf> = cases
         .iter()
         .enumerate()
-        .map(|(i, &config)| {
-            let path = dir.join(format!("case{i}.bin"));
-            write_case(&path, config, 12345 + i as u64);
+        .flat_map(|(i, &config)| [(i, config, false), (i, config, true)])
+        .map(|(i, config, half)| {
+            let path = dir.join(format!(
+                "case{i}-{}.bin",
+                if half { "fp16" } else { "fp32" }
+            ));
+            write_case(&path, config, 12345 + i as u64, half);
             path
         })
         .collect();
@@ -185,7 +202,7 @@ fn the_frame_kernels_run_on_the_host_give_the_cpu_references_results() {
     let report = String::from_utf8_lossy(&run.stdout);
     print!("{report}");
     std::fs::remove_dir_all(&dir).ok();
-    assert_eq!(report.lines().count(), cases.len(), "{report}");
+    assert_eq!(report.lines().count(), 2 * cases.len(), "{report}");
     assert!(
         run.status.success(),
         "the host emulation differs from the CPU reference:\n{report}{}",

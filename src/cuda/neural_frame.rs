@@ -33,6 +33,7 @@ use crate::kernel_abi::{Define, KernelStruct, c_header, kernel_struct};
 use crate::neural::frame::{
     ConverterConfig, SampleTaps, TensorLayout, scaled_dimension, scaling_taps,
 };
+use crate::neural::precision::{fp16_bits, fp16_value};
 use crate::neural::temporal::{OutputFilter, SceneCut};
 use crate::pipeline::FrameGeometry;
 use crate::pipeline::params::{THUMB_H, THUMB_W};
@@ -63,7 +64,7 @@ pub struct NfFrame {
     /// Packed NV12 (Y rows of `width`, then the UV rows).
     pub nv12_in: u64,
     pub nv12_out: u64,
-    /// The network's fp32 input and output.
+    /// The network's input (fp32) and output (fp32, or fp16 with `out_half`).
     pub tensor_in: u64,
     pub tensor_out: u64,
     /// fp16 raw outputs, [capacity][3][height][width], nominal RGB.
@@ -103,6 +104,9 @@ pub struct NfFrame {
     pub v_offset: f32,
     pub luma_units: f32,
     pub chroma_units: f32,
+    /// Non-zero: the network's output is stored in fp16 (its calibrated precision).
+    pub out_half: i32,
+    pub pad: i32,
 }
 }
 
@@ -464,20 +468,22 @@ impl DeviceFrames {
     pub fn attach(&mut self, program: &Program) -> Result<(), CudaError> {
         let (n_in, n_out) = (program.input, program.output);
         let want = (self.params.net_w * self.params.net_h * 3) as u64;
-        if n_in.half || n_out.half || n_in.elements != want || n_out.elements != want {
+        if n_in.half || n_in.elements != want || n_out.elements != want {
             return Err(CudaError::Failed(format!(
-                "the network's input/output ({} / {} values, fp16 {} / {}) are not the fp32 \
-                 {}x{}x3 the frame path writes and reads",
+                "the network's input/output ({} / {} values, input fp16 {}) are not the fp32 \
+                 {}x{}x3 input and the {}x{}x3 output the frame path writes and reads",
                 n_in.elements,
                 n_out.elements,
                 n_in.half,
-                n_out.half,
+                self.params.net_w,
+                self.params.net_h,
                 self.params.net_w,
                 self.params.net_h
             )));
         }
         self.params.tensor_in = n_in.addr;
         self.params.tensor_out = n_out.addr;
+        self.params.out_half = n_out.half as i32;
         self.params.net_control = program.control;
         self.write_params()
     }
@@ -504,51 +510,70 @@ impl DeviceFrames {
     /// The network's input as the conversion wrote it, into `out` (f32, the network's input
     /// size), on `stream`, synchronised (the calibration frame's host copy).
     pub fn read_input(&self, stream: &CudaStream, out: &mut [f32]) -> Result<(), CudaError> {
-        self.read_tensor(stream, self.params.tensor_in, out)
+        self.read_tensor(stream, self.params.tensor_in, false, out)
     }
 
     fn read_tensor(
         &self,
         stream: &CudaStream,
         tensor: u64,
+        half: bool,
         out: &mut [f32],
     ) -> Result<(), CudaError> {
         self.check_tensor(out.len())?;
-        // SAFETY: the network's input and output hold `out.len()` f32 (checked against their
-        // shape); `out` is not read before the synchronisation below.
+        let mut halves = vec![0u16; if half { out.len() } else { 0 }];
+        let (dst, bytes) = if half {
+            (halves.as_mut_ptr() as *mut u8, 2 * out.len())
+        } else {
+            (out.as_mut_ptr() as *mut u8, 4 * out.len())
+        };
+        // SAFETY: the network's input and output hold `out.len()` values of their storage
+        // (checked against their shape); the host buffer is as long and is not read before
+        // the synchronisation below.
         unsafe {
-            copy_d2h(
-                stream.cu_stream(),
-                tensor,
-                out.as_mut_ptr() as *mut u8,
-                4 * out.len(),
-            )
-            .map_err(driver("network tensor download"))?;
+            copy_d2h(stream.cu_stream(), tensor, dst, bytes)
+                .map_err(driver("network tensor download"))?;
         }
-        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+        stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))?;
+        for (v, &h) in out.iter_mut().zip(&halves) {
+            *v = fp16_value(h);
+        }
+        Ok(())
     }
 
     /// The network's output of the last frame into `out` (f32), on `stream`, synchronised.
     pub fn read_output(&self, stream: &CudaStream, out: &mut [f32]) -> Result<(), CudaError> {
-        self.read_tensor(stream, self.params.tensor_out, out)
+        self.read_tensor(stream, self.params.tensor_out, self.out_half(), out)
     }
 
     /// `values` into the network's output (the calibration frame's result, computed eagerly
-    /// by the network before it was rebuilt), on `stream`, synchronised.
+    /// by the network before it was rebuilt; rounded to fp16 for an fp16 output), on
+    /// `stream`, synchronised.
     pub fn write_output(&self, stream: &CudaStream, values: &[f32]) -> Result<(), CudaError> {
         self.check_tensor(values.len())?;
-        // SAFETY: the network's output holds `values.len()` f32 (checked); `values` outlives
-        // the synchronisation below.
+        let halves: Vec<u16> = if self.out_half() {
+            values.iter().map(|&v| fp16_bits(v)).collect()
+        } else {
+            Vec::new()
+        };
+        let (src, bytes) = if self.out_half() {
+            (halves.as_ptr() as *const u8, 2 * values.len())
+        } else {
+            (values.as_ptr() as *const u8, 4 * values.len())
+        };
+        // SAFETY: the network's output holds `values.len()` values of its storage (checked);
+        // the host buffer is as long and outlives the synchronisation below.
         unsafe {
-            copy_h2d(
-                stream.cu_stream(),
-                values.as_ptr() as *const u8,
-                self.params.tensor_out,
-                4 * values.len(),
-            )
-            .map_err(driver("network output upload"))?;
+            copy_h2d(stream.cu_stream(), src, self.params.tensor_out, bytes)
+                .map_err(driver("network output upload"))?;
         }
         stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    fn out_half(&self) -> bool {
+        self.params.out_half != 0
     }
 
     fn check_tensor(&self, len: usize) -> Result<(), CudaError> {

@@ -257,6 +257,40 @@ pub fn round_to_fp16(x: f32) -> f32 {
     }
 }
 
+/// The IEEE half bits of `x` rounded to fp16 as [`round_to_fp16`] rounds it (what the device
+/// stores for it).
+pub fn fp16_bits(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0x7e00;
+    }
+    let r = round_to_fp16(x);
+    let sign = ((r.to_bits() >> 16) & 0x8000) as u16;
+    let m = r.abs();
+    if m.is_infinite() {
+        return sign | 0x7c00;
+    }
+    if m < FP16_MIN_NORMAL {
+        // a multiple of 2^-24 below 2^-14: exact
+        return sign | (m * 2f32.powi(24)) as u16;
+    }
+    let bits = m.to_bits();
+    let exponent = ((bits >> 23) & 0xff) as i32 - 127 + 15;
+    sign | ((exponent as u16) << 10) | ((bits >> 13) & 0x3ff) as u16
+}
+
+/// The value of IEEE half bits, as f32 (exact).
+pub fn fp16_value(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
+    let exp = ((h >> 10) & 0x1f) as i32;
+    let frac = (h & 0x3ff) as f32;
+    match exp {
+        0 => sign * frac * 2f32.powi(-24),
+        31 if frac == 0.0 => sign * f32::INFINITY,
+        31 => f32::NAN,
+        e => sign * (1.0 + frac / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
 /// Running figures of one stage output.
 #[derive(Debug, Clone, Copy, Default)]
 struct Range {
@@ -523,6 +557,37 @@ mod tests {
     use super::*;
     use crate::neural::engine::NeuralModel;
     use crate::neural::onnx::*;
+
+    #[test]
+    fn fp16_bits_round_trip_through_the_value() {
+        for (x, bits) in [
+            (0.0f32, 0x0000u16),
+            (-0.0, 0x8000),
+            (1.0, 0x3c00),
+            (-2.0, 0xc000),
+            (0.1, 0x2e66),
+            (65504.0, 0x7bff),
+            (65520.0, 0x7c00),
+            (-1e6, 0xfc00),
+            (5.960_464_5e-8, 0x0001),
+            (6.097_555e-5, 0x03ff),
+            (6.103_515_6e-5, 0x0400),
+        ] {
+            assert_eq!(fp16_bits(x), bits, "{x}");
+            assert_eq!(fp16_value(bits), round_to_fp16(x), "{x}");
+        }
+        assert!(fp16_value(fp16_bits(f32::NAN)).is_nan());
+        // every finite half survives value -> bits
+        for h in (0u16..=0xffff).filter(|h| h & 0x7c00 != 0x7c00) {
+            assert_eq!(fp16_bits(fp16_value(h)), h, "{h:#06x}");
+        }
+        // and an f32 between two halves lands where round_to_fp16 says
+        let mut x = -3.0f32;
+        while x < 3.0 {
+            assert_eq!(fp16_value(fp16_bits(x)), round_to_fp16(x), "{x}");
+            x += 0.000_123_7;
+        }
+    }
 
     #[test]
     fn fp16_rounding_matches_the_format() {

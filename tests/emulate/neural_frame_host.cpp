@@ -53,11 +53,12 @@ int main(int argc, char** argv) {
         std::vector<unsigned char> nv12(frame); r.get(nv12.data(), frame);
         std::vector<float> want_in(tlen); r.get(want_in.data(), tlen);
         std::vector<float> tin(tlen), tout(tlen), srgb(3 * (size_t)sw * sh);
+        std::vector<unsigned short> tout16(tlen);
         std::vector<unsigned short> ring(2 * 3 * (size_t)sw * sh);
         std::vector<unsigned char> out(frame);
         NfControl ctl{}; NfState st{}; NnControl net{};
         p.nv12_in = (unsigned long long)nv12.data(); p.nv12_out = (unsigned long long)out.data();
-        p.tensor_in = (unsigned long long)tin.data(); p.tensor_out = (unsigned long long)tout.data();
+        p.tensor_in = (unsigned long long)tin.data(); p.tensor_out = p.out_half ? (unsigned long long)tout16.data() : (unsigned long long)tout.data();
         p.ring = (unsigned long long)ring.data(); p.control = (unsigned long long)&ctl;
         p.state = (unsigned long long)&st; p.net_control = (unsigned long long)&net;
         p.scaled_rgb = (unsigned long long)srgb.data();
@@ -75,7 +76,7 @@ int main(int argc, char** argv) {
             r.get(ctl.recent, 8); int uw[2]; r.get(uw, 2); ctl.used = uw[0]; ctl.write_slot = uw[1];
             st.used = ctl.used; // nf_scene's trimmed count (not run here): no cut in these frames
             float sc[2]; r.get(sc, 2); ctl.strength = sc[0]; ctl.motion_coeff = sc[1];
-            r.get(tout.data(), tlen);
+            if (p.out_half) r.get(tout16.data(), tlen); else r.get(tout.data(), tlen);
             std::vector<unsigned char> want(frame); r.get(want.data(), frame);
             if (scaled) {
                 launch(nf_filter_scaled, &p, cdiv(sw, 16), cdiv(sh, 16), 16, 16);
@@ -85,8 +86,8 @@ int main(int argc, char** argv) {
             }
             for (size_t i = 0; i < frame; i++) { int d = abs(out[i] - want[i]); worst = std::max(worst, d); differing += d > 0; }
         }
-        printf("%s: %dx%d -> %dx%d (net %dx%d, nchw %d): input max diff %.3g, NV12 worst %d codes, %zu of %zu bytes differ\n",
-               argv[ci], w, h, sw, sh, nw, nh, nchw, din, worst, differing, frame * frames);
+        printf("%s: %dx%d -> %dx%d (net %dx%d, nchw %d, output fp%d): input max diff %.3g, NV12 worst %d codes, %zu of %zu bytes differ\n",
+               argv[ci], w, h, sw, sh, nw, nh, nchw, p.out_half ? 16 : 32, din, worst, differing, frame * frames);
         if (din > 1e-4f || worst > 1) bad = 1;
     }
     return bad;

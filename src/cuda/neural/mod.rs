@@ -31,6 +31,7 @@ use super::kernels::compile_cached;
 use super::{GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES};
 use crate::neural::engine::Specialised;
 use crate::neural::lower::StatsHook;
+use crate::neural::precision::fp16_value;
 use crate::neural::{NeuralError, Tensor};
 use program::{Kernel, NnControl, Program, Storage};
 
@@ -189,6 +190,8 @@ pub struct NeuralGpu {
     stats: GpuFrameStats,
     log: Vec<NeuralGpuEvent>,
     device_name: String,
+    /// An fp16 output's download before it is converted (`land_output`).
+    output_halves: Vec<u16>,
 }
 
 impl std::fmt::Debug for NeuralGpu {
@@ -309,6 +312,7 @@ impl NeuralGpu {
             stats: GpuFrameStats::default(),
             log,
             device_name,
+            output_halves: Vec::new(),
         })
     }
 
@@ -419,30 +423,46 @@ impl NeuralGpu {
         self.queue_output_download(output)?;
         self.stream
             .synchronize()
-            .map_err(driver("cuStreamSynchronize"))
+            .map_err(driver("cuStreamSynchronize"))?;
+        self.land_output(output);
+        Ok(())
     }
 
-    /// Queues the copy of the network's output into `output`, which must not be read before
-    /// the stream is synchronised.
+    /// Queues the copy of the network's output into `output` (an fp16 output into the
+    /// staging halves, which [`land_output`](Self::land_output) converts once the stream is
+    /// synchronised); `output` must not be read before then.
     fn queue_output_download(&mut self, output: &mut Tensor<f32>) -> Result<(), CudaError> {
         let p = self.program.output;
-        if output.data.len() as u64 != p.elements || p.half {
+        if output.data.len() as u64 != p.elements {
             return Err(CudaError::Failed(format!(
                 "output of {} values, the network makes {}",
                 output.data.len(),
                 p.elements
             )));
         }
-        // SAFETY: the output buffer holds `elements` f32; the host slice is as long and is not
-        // read before the synchronisation below.
-        unsafe {
-            copy_d2h(
-                self.stream.cu_stream(),
-                p.addr,
-                output.data.as_mut_ptr() as *mut u8,
-                output.data.len() * 4,
+        let (dst, bytes) = if p.half {
+            self.output_halves.resize(output.data.len(), 0);
+            (
+                self.output_halves.as_mut_ptr() as *mut u8,
+                output.data.len() * 2,
             )
-            .map_err(driver("output download"))
+        } else {
+            self.output_halves.clear();
+            (output.data.as_mut_ptr() as *mut u8, output.data.len() * 4)
+        };
+        // SAFETY: the output buffer holds `elements` values of its storage; the host buffer
+        // is as long and is not read before the synchronisation.
+        unsafe {
+            copy_d2h(self.stream.cu_stream(), p.addr, dst, bytes).map_err(driver("output download"))
+        }
+    }
+
+    /// An fp16 output's staged halves into `output` (after the synchronisation).
+    fn land_output(&mut self, output: &mut Tensor<f32>) {
+        if self.program.output.half {
+            for (v, &h) in output.data.iter_mut().zip(&self.output_halves) {
+                *v = fp16_value(h);
+            }
         }
     }
 
@@ -455,7 +475,9 @@ impl NeuralGpu {
                 |gpu, _| gpu.upload_input(input),
                 |gpu, _| gpu.run_launches_keyed(0, None),
                 |gpu, output| gpu.queue_output_download(output),
-            )
+            )?;
+            self.land_output(output);
+            Ok(())
         })
     }
 
@@ -716,19 +738,6 @@ impl NeuralGpu {
     }
 }
 
-/// f32 from IEEE half bits (calibration readback of fp16 buffers).
-fn half_to_f32(h: u16) -> f32 {
-    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
-    let exp = ((h >> 10) & 0x1f) as i32;
-    let frac = (h & 0x3ff) as f32;
-    match exp {
-        0 => sign * frac * 2f32.powi(-24),
-        31 if frac == 0.0 => sign * f32::INFINITY,
-        31 => f32::NAN,
-        e => sign * (1.0 + frac / 1024.0) * 2f32.powi(e - 15),
-    }
-}
-
 /// Sees each stage's outputs (f32 values) after the stage ran: `(stage, values)`.
 pub type OutputObserver<'a> = &'a mut dyn FnMut(usize, &[f32]);
 /// Sees each normalization's statistics: `(index, mean, var)`.
@@ -747,7 +756,7 @@ impl NeuralGpu {
         self.synchronize()?;
         let values: Vec<f32> = if p.half {
             raw.chunks_exact(2)
-                .map(|b| half_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .map(|b| fp16_value(u16::from_le_bytes([b[0], b[1]])))
                 .collect()
         } else {
             raw.chunks_exact(4)

@@ -2005,12 +2005,14 @@ pub fn build(
             }
         }
     }
-    // storage of each activation: the input and the output fp32, stage outputs per plan
+    // storage of each activation: the input fp32, stage outputs per plan (the network's
+    // output too: its readers, the frame path's output kernels and the host's downloads,
+    // take either)
     let mut half_of: HashMap<String, bool> = HashMap::new();
     half_of.insert(l.input.clone(), false);
     for (i, s) in l.stages.iter().enumerate() {
         for o in &s.outputs {
-            half_of.insert(o.clone(), storage.half[i] && *o != l.output);
+            half_of.insert(o.clone(), storage.half[i]);
         }
     }
     // lifetimes, as Specialised::plan counts them
