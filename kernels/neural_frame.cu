@@ -1,6 +1,6 @@
 // toonflow neural frame kernels: the conversions around the style network on the device
-// (src/cuda/neural_frame.rs builds and launches them; the structs come from kernel_abi,
-// prepended by the build). The CPU reference is src/neural/frame.rs (NV12 <-> RGB,
+// (src/cuda/neural_frame.rs builds and launches them; the structs and the NF_CODE_VALUE table
+// come from kernel_abi, prepended by the build). The CPU reference is src/neural/frame.rs (NV12 <-> RGB,
 // reflect padding, value range, layout) and src/neural/temporal.rs (the output filter, the
 // scene-cut gate); the arithmetic follows it operation by operation (compiled without FMA
 // contraction), so the device and the reference differ by float rounding only.
@@ -35,10 +35,13 @@ __device__ __forceinline__ float nf_block_sum(float v, float* shared)
     return total;
 }
 
-// First pixel of thumbnail block b of `blocks` over `size` (src/pipeline/analysis.rs).
+// First pixel of thumbnail block b of `blocks` over `size` (src/pipeline/analysis.rs). In 32
+// bits: b <= blocks <= 64 and size <= 8192 (FrameGeometry::MAX_SIZE) keep the product far
+// below 2^32, and a 64-bit division
+// costs nf_scene's single block several times its loop.
 __device__ __forceinline__ int nf_block_start(int b, int blocks, int size)
 {
-    return (int)((long long)b * size / blocks);
+    return (int)((unsigned)b * (unsigned)size / (unsigned)blocks);
 }
 
 // grid (thumb_w, thumb_h), NF_BLOCK threads.
@@ -112,6 +115,8 @@ extern "C" __global__ void nf_scene(const NfFrame* p)
 // Index of padded index i on an axis of n samples under ONNX reflect padding.
 __device__ __forceinline__ int nf_reflect(int i, int n)
 {
+    if (i < n) // inside (the padding is at the end): no division
+        return i;
     if (n <= 1)
         return 0;
     const int period = 2 * (n - 1);
@@ -132,26 +137,37 @@ __device__ __forceinline__ float nf_taps3(float a, float b, float c, float wa, f
     return a * wa + b * wb + c * wc;
 }
 
-// Chroma (channel k: 0 Cb, 1 Cr) of pixel (x, y) in codes minus 128, as nv12_to_rgb makes it:
-// centred bilinear plus the block correction of its 2x2 block.
-__device__ float nf_chroma(const NfFrame* p, const unsigned char* uv, int x, int y, int k)
+// Chroma of pixel (x, y) in codes minus 128, Cb and Cr together (they are interleaved, so
+// each read is one 2-byte load), as nv12_to_rgb makes them: centred bilinear plus the block
+// correction of its 2x2 block; each channel's arithmetic in the reference's order.
+__device__ void nf_chroma(const NfFrame* p, const unsigned char* uv, int x, int y, float out[2])
 {
     const int w = p->width, cw = w / 2, ch = p->height / 2;
     const int cy = y / 2, c = x / 2, nb = nf_chroma_neighbour(x, cw);
-    const unsigned char* here = uv + (long long)cy * w;
-    const unsigned char* above = uv + (long long)max(cy - 1, 0) * w;
-    const unsigned char* below = uv + (long long)min(cy + 1, ch - 1) * w;
-    const unsigned char* far = uv + (long long)nf_chroma_neighbour(y, ch) * w;
-    // the vertical blur at three chroma columns, then across them
-    const int i = 2 * c + k, left = 2 * max(c - 1, 0) + k, right = 2 * min(c + 1, cw - 1) + k;
-    const float bl = nf_taps3(above[left], here[left], below[left], 0.125f, 0.75f, 0.125f);
-    const float bc = nf_taps3(above[i], here[i], below[i], 0.125f, 0.75f, 0.125f);
-    const float br = nf_taps3(above[right], here[right], below[right], 0.125f, 0.75f, 0.125f);
-    const float residual = (float)here[i] - nf_taps3(bl, bc, br, 0.125f, 0.75f, 0.125f);
-    const int j = 2 * nb + k;
-    const float near_c = 0.75f * (float)here[i] + 0.25f * (float)far[i] - 128.0f;
-    const float near_n = 0.75f * (float)here[j] + 0.25f * (float)far[j] - 128.0f;
-    return 0.75f * near_c + 0.25f * near_n + residual;
+    const uchar2* here = (const uchar2*)(uv + (long long)cy * w);
+    const uchar2* above = (const uchar2*)(uv + (long long)max(cy - 1, 0) * w);
+    const uchar2* below = (const uchar2*)(uv + (long long)min(cy + 1, ch - 1) * w);
+    const uchar2* far = (const uchar2*)(uv + (long long)nf_chroma_neighbour(y, ch) * w);
+    const int left = max(c - 1, 0), right = min(c + 1, cw - 1);
+    const uchar2 a[3] = {above[left], above[c], above[right]};
+    const uchar2 m[3] = {here[left], here[c], here[right]};
+    const uchar2 b[3] = {below[left], below[c], below[right]};
+    const uchar2 fc = far[c], hn = here[nb], fn = far[nb];
+    // per channel: the vertical blur at three chroma columns, then across them
+    const float bl0 = nf_taps3(a[0].x, m[0].x, b[0].x, 0.125f, 0.75f, 0.125f);
+    const float bc0 = nf_taps3(a[1].x, m[1].x, b[1].x, 0.125f, 0.75f, 0.125f);
+    const float br0 = nf_taps3(a[2].x, m[2].x, b[2].x, 0.125f, 0.75f, 0.125f);
+    const float bl1 = nf_taps3(a[0].y, m[0].y, b[0].y, 0.125f, 0.75f, 0.125f);
+    const float bc1 = nf_taps3(a[1].y, m[1].y, b[1].y, 0.125f, 0.75f, 0.125f);
+    const float br1 = nf_taps3(a[2].y, m[2].y, b[2].y, 0.125f, 0.75f, 0.125f);
+    const float res0 = (float)m[1].x - nf_taps3(bl0, bc0, br0, 0.125f, 0.75f, 0.125f);
+    const float res1 = (float)m[1].y - nf_taps3(bl1, bc1, br1, 0.125f, 0.75f, 0.125f);
+    const float near_c0 = 0.75f * (float)m[1].x + 0.25f * (float)fc.x - 128.0f;
+    const float near_n0 = 0.75f * (float)hn.x + 0.25f * (float)fn.x - 128.0f;
+    const float near_c1 = 0.75f * (float)m[1].y + 0.25f * (float)fc.y - 128.0f;
+    const float near_n1 = 0.75f * (float)hn.y + 0.25f * (float)fn.y - 128.0f;
+    out[0] = 0.75f * near_c0 + 0.25f * near_n0 + res0;
+    out[1] = 0.75f * near_c1 + 0.25f * near_n1 + res1;
 }
 
 // Nominal RGB of frame pixel (x, y), as nv12_to_rgb makes it (not clamped).
@@ -161,8 +177,10 @@ __device__ void nf_pixel_rgb(const NfFrame* p, int x, int y, float rgb[3])
     const unsigned char* uv = luma + (long long)p->width * p->height;
     const float c_inv = 1.0f / p->c_scale;
     const float yn = ((float)luma[(long long)y * p->width + x] - p->y_offset) * (1.0f / p->y_scale);
-    const float pb = nf_chroma(p, uv, x, y, 0) * c_inv;
-    const float pr = nf_chroma(p, uv, x, y, 1) * c_inv;
+    float cbcr[2];
+    nf_chroma(p, uv, x, y, cbcr);
+    const float pb = cbcr[0] * c_inv;
+    const float pr = cbcr[1] * c_inv;
     const float kr = p->kr, kb = p->kb, kg = 1.0f - kr - kb;
     rgb[0] = yn + 2.0f * (1.0f - kr) * pr;
     rgb[2] = yn + 2.0f * (1.0f - kb) * pb;
@@ -270,7 +288,7 @@ __device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3]
         const unsigned char* slot = ring + (long long)ctl->recent[k] * 3 * plane;
         float fk[3];
         for (int c = 0; c < 3; c++)
-            fk[c] = (float)slot[c * plane + pixel] / 255.0f;
+            fk[c] = NF_CODE_VALUE[slot[c * plane + pixel]]; // code / 255, as ring_value
         const float d0 = fk[0] - f0[0], d1 = fk[1] - f0[1], d2 = fk[2] - f0[2];
         const float dy = kr * d0 + kg * d1 + kb * d2;
         const float dl = p->luma_units * dy;

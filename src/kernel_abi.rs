@@ -179,6 +179,24 @@ pub fn c_header(title: &str, defines: &[Define], structs: &[String]) -> String {
     s
 }
 
+/// A table of floats both sides use, as `__device__ const float NAME[N] = {...};`, each
+/// value in Rust's shortest round-trip form with an `f` suffix (the C compiler reads back
+/// exactly the same `float`).
+pub fn c_float_table(name: &str, values: &[f32]) -> String {
+    let items: Vec<String> = values
+        .iter()
+        .map(|v| {
+            assert!(v.is_finite(), "{name}: a C literal needs a finite value");
+            format!("{v:?}f")
+        })
+        .collect();
+    format!(
+        "__device__ const float {name}[{}] = {{{}}};\n",
+        values.len(),
+        items.join(", ")
+    )
+}
+
 /// The layout of one struct as the host sees it, for [`c_compiler_check`].
 #[derive(Debug, Clone)]
 pub struct StructLayout {
@@ -340,6 +358,19 @@ mod tests {
             c: [u32; 3],
             d: [f32; 2],
         }
+    }
+
+    #[test]
+    fn a_float_table_reads_back_the_same_floats() {
+        let values: Vec<f32> = (0..=255u32).map(|c| c as f32 / 255.0).collect();
+        let text = c_float_table("T", &values);
+        assert!(text.starts_with("__device__ const float T[256] = {0.0f, "));
+        let inner = &text[text.find('{').unwrap() + 1..text.rfind('}').unwrap()];
+        let back: Vec<f32> = inner
+            .split(", ")
+            .map(|v| v.trim_end_matches('f').parse().unwrap())
+            .collect();
+        assert_eq!(back, values);
     }
 
     #[test]

@@ -29,12 +29,12 @@ use super::kernels::compile_cached;
 use super::neural::DeviceFrameIo;
 use super::neural::program::{NnControl, Program};
 use super::pipeline::{FrameSource, FrameTarget, copy_nv12};
-use crate::kernel_abi::{Define, KernelStruct, c_header, kernel_struct};
+use crate::kernel_abi::{Define, KernelStruct, c_float_table, c_header, kernel_struct};
 use crate::neural::frame::{
     ConverterConfig, SampleTaps, TensorLayout, scaled_dimension, scaling_taps,
 };
 use crate::neural::precision::{fp16_bits, fp16_value};
-use crate::neural::temporal::{OutputFilter, SceneCut};
+use crate::neural::temporal::{OutputFilter, SceneCut, ring_value};
 use crate::pipeline::FrameGeometry;
 use crate::pipeline::params::{THUMB_H, THUMB_W};
 
@@ -167,8 +167,12 @@ pub fn full_source() -> String {
             NfState::c_declaration(),
         ],
     );
+    // a ring entry's code → its value, exactly the CPU filter's `ring_value` (a division
+    // per channel and entry otherwise)
+    let values: Vec<f32> = (0..=255u8).map(ring_value).collect();
+    let table = c_float_table("NF_CODE_VALUE", &values);
     format!(
-        "{header}\n{}",
+        "{header}\n{table}\n{}",
         crate::cuda::kernels::with_fp16_helpers(KERNEL_FILE, KERNEL_SOURCE)
     )
 }

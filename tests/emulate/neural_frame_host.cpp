@@ -11,6 +11,7 @@
 #include <vector>
 #include <algorithm>
 struct D3 { int x, y, z; };
+struct uchar2 { unsigned char x, y; };
 static D3 blockIdx, threadIdx, blockDim;
 #define __global__
 #define __device__
