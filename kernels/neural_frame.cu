@@ -272,7 +272,10 @@ __device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3]
 {
     const NfControl* ctl = (const NfControl*)p->control;
     const float kr = p->kr, kb = p->kb, kg = 1.0f - kr - kb;
-    const float pb_div = 2.0f * (1.0f - kb), pr_div = 2.0f * (1.0f - kr);
+    // the chroma distances' coefficients, as the CPU filter computes them (no division a
+    // ring entry)
+    const float cb_units = p->chroma_units / (2.0f * (1.0f - kb));
+    const float cr_units = p->chroma_units / (2.0f * (1.0f - kr));
     const float inv = 1.0f / p->v_scale;
     unsigned char* ring = (unsigned char*)p->ring;
     const long long plane = (long long)p->scaled_w * p->scaled_h;
@@ -292,8 +295,8 @@ __device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3]
         const float d0 = fk[0] - f0[0], d1 = fk[1] - f0[1], d2 = fk[2] - f0[2];
         const float dy = kr * d0 + kg * d1 + kb * d2;
         const float dl = p->luma_units * dy;
-        const float dcb = p->chroma_units * (d2 - dy) / pb_div;
-        const float dcr = p->chroma_units * (d0 - dy) / pr_div;
+        const float dcb = cb_units * (d2 - dy);
+        const float dcr = cr_units * (d0 - dy);
         const float wk = sk * expf(ctl->motion_coeff * (dl * dl + dcb * dcb + dcr * dcr));
         for (int c = 0; c < 3; c++)
             acc[c] += wk * fk[c];
@@ -306,8 +309,9 @@ __device__ void nf_filter(const NfFrame* p, int used, int x, int y, float rgb[3]
         for (int c = 0; c < 3; c++)
             slot[c * plane + pixel] = nf_ring_code(f0[c]);
     }
+    const float inv_wsum = 1.0f / wsum;
     for (int c = 0; c < 3; c++)
-        rgb[c] = acc[c] / wsum;
+        rgb[c] = acc[c] * inv_wsum;
 }
 
 // Ring entries the filter reads this frame (nf_scene's count: none after a scene cut, which

@@ -472,13 +472,16 @@ impl DeviceFrames {
     pub fn attach(&mut self, program: &Program) -> Result<(), CudaError> {
         let (n_in, n_out) = (program.input, program.output);
         let want = (self.params.net_w * self.params.net_h * 3) as u64;
-        if n_in.half || n_in.elements != want || n_out.elements != want {
+        let packed = n_in.channels_last.is_none() && n_out.channels_last.is_none();
+        if n_in.half || !packed || n_in.elements != want || n_out.elements != want {
             return Err(CudaError::Failed(format!(
-                "the network's input/output ({} / {} values, input fp16 {}) are not the fp32 \
-                 {}x{}x3 input and the {}x{}x3 output the frame path writes and reads",
+                "the network's input/output ({} / {} values, input fp16 {}, tiled layout {}) \
+                 are not the fp32 {}x{}x3 input and the {}x{}x3 output in the converter's \
+                 layout the frame path writes and reads",
                 n_in.elements,
                 n_out.elements,
                 n_in.half,
+                !packed,
                 self.params.net_w,
                 self.params.net_h,
                 self.params.net_w,

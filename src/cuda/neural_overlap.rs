@@ -24,8 +24,8 @@ use super::GpuFrameStats;
 use super::context::guard;
 use super::copy::{Rows, copy_d2h, copy_h2d};
 use super::error::{CudaError, driver};
-use super::neural::NeuralGpu;
 use super::neural::program::NnControl;
+use super::neural::{NeuralGpu, OutputGate};
 use super::neural_frame::{
     DeviceFrames, NfControl, NfState, check_host_frame, host_planes, verdict_of,
 };
@@ -64,8 +64,9 @@ pub struct QueuedFrame {
 /// The copy streams and the host slots of one stream's neural frame path.
 pub struct NeuralOverlap {
     /// Events: 0/1 upload start and end (upload stream); 2 kernels start; 3 the input planes
-    /// read (the next upload waits for it); 4 kernels and verdict done; 5 download start.
-    slots: Vec<FlightSlot<6>>,
+    /// read (the next upload waits for it); 4 kernels and verdict done; 5 download start;
+    /// 6/7 around the wait for the previous frame's download (not GPU time of this frame).
+    slots: Vec<FlightSlot<8>>,
     ring: SlotRing,
     up: Arc<CudaStream>,
     down: Arc<CudaStream>,
@@ -223,8 +224,12 @@ impl NeuralOverlap {
             .map_err(driver("neural frame control upload"))?;
         }
         // the output planes are free once the last submitted frame's download read them
-        let output_free = prev.map(|prev| &*self.slots[prev].done);
-        let replayed = gpu.enqueue_device_frame(&job, &self.slots[i].ev[3], output_free)?;
+        let gate = OutputGate {
+            free: prev.map(|prev| &*self.slots[prev].done),
+            before_wait: &self.slots[i].ev[6],
+            after_wait: &self.slots[i].ev[7],
+        };
+        let replayed = gpu.enqueue_device_frame(&job, &self.slots[i].ev[3], gate)?;
         let slot = &mut self.slots[i];
         // SAFETY: the slot's block is read only after `done`, which follows this copy (the
         // download stream waits for ev[4]); the verdict is copied before the next frame's
@@ -332,7 +337,8 @@ impl NeuralOverlap {
                 elapsed_us(&slot.ev[5], &slot.done),
             );
             let stats = GpuFrameStats {
-                gpu_time_us: elapsed_us(&slot.ev[2], &slot.ev[4]),
+                gpu_time_us: elapsed_us(&slot.ev[2], &slot.ev[6])
+                    + elapsed_us(&slot.ev[7], &slot.ev[4]),
                 transfer_time_us: upload + download,
                 launches: slot.frame.launches,
                 graph_replayed: slot.frame.replayed,

@@ -316,8 +316,11 @@ impl OutputFilter {
         let plane = self.width * self.height;
         let (kr, kb) = (self.kr, self.kb);
         let kg = 1.0 - kr - kb;
-        let (pb_div, pr_div) = (2.0 * (1.0 - kb), 2.0 * (1.0 - kr));
-        let (lu, cu) = (self.luma_units, self.chroma_units);
+        // Pb = (B' − Y')/(2(1 − kb)), Pr = (R' − Y')/(2(1 − kr)), in distance units: one
+        // coefficient each, so the loop multiplies (kernels/neural_frame.cu does the same)
+        let lu = self.luma_units;
+        let cb_units = self.chroma_units / (2.0 * (1.0 - kb));
+        let cr_units = self.chroma_units / (2.0 * (1.0 - kr));
         for i in 0..r.len() {
             let p = first + i;
             let f0 = [r[i], g[i], b[i]];
@@ -329,17 +332,18 @@ impl OutputFilter {
                 let d = [fk[0] - f0[0], fk[1] - f0[1], fk[2] - f0[2]];
                 let dy = kr * d[0] + kg * d[1] + kb * d[2];
                 let dl = lu * dy;
-                let dcb = cu * (d[2] - dy) / pb_div;
-                let dcr = cu * (d[0] - dy) / pr_div;
+                let dcb = cb_units * (d[2] - dy);
+                let dcr = cr_units * (d[0] - dy);
                 let w = sk * (self.motion_coeff * (dl * dl + dcb * dcb + dcr * dcr)).exp();
                 for c in 0..3 {
                     acc[c] += w * fk[c];
                 }
                 wsum += w;
             }
-            r[i] = acc[0] / wsum;
-            g[i] = acc[1] / wsum;
-            b[i] = acc[2] / wsum;
+            let inv = 1.0 / wsum;
+            r[i] = acc[0] * inv;
+            g[i] = acc[1] * inv;
+            b[i] = acc[2] * inv;
         }
     }
 }

@@ -167,6 +167,15 @@ enum GraphPart {
     Output,
 }
 
+/// The overlap path's wait before a frame's output kernels: `free` (none for the first
+/// frame) fires once the previous frame's download has read the output planes; `before_wait`
+/// and `after_wait` are recorded around the wait.
+pub(crate) struct OutputGate<'a> {
+    pub free: Option<&'a CudaEvent>,
+    pub before_wait: &'a CudaEvent,
+    pub after_wait: &'a CudaEvent,
+}
+
 /// A specialised network on one device.
 pub struct NeuralGpu {
     // Field order is drop order: graphs go before the memory their kernels address.
@@ -574,13 +583,14 @@ impl NeuralGpu {
     /// The overlap path: enqueues a device frame's kernels on the stream without copies or
     /// waiting, in three graphs: `io`'s input kernels; after `input_read` is recorded (the
     /// frame path's input planes may take the next frame from then on) the network; after
-    /// the stream waited for `output_free` (the previous frame's download from the output
-    /// planes) `io`'s output kernels. Returns whether graphs ran.
+    /// the stream waited for `gate.free` (the previous frame's download from the output
+    /// planes) `io`'s output kernels. `gate`'s other two events are recorded around that wait,
+    /// so the frame's GPU time can leave it out. Returns whether graphs ran.
     pub(crate) fn enqueue_device_frame(
         &mut self,
         io: &dyn DeviceFrameIo,
         input_read: &CudaEvent,
-        output_free: Option<&CudaEvent>,
+        gate: OutputGate<'_>,
     ) -> Result<bool, CudaError> {
         let before = io.launches_before();
         let after = io.launches() - before;
@@ -591,11 +601,17 @@ impl NeuralGpu {
         let network = self.run_graph(GraphPart::Frame, 3, self.launches_per_frame(), |gpu| {
             gpu.enqueue_range(0, gpu.program.launches.len())
         })?;
-        if let Some(free) = output_free {
+        gate.before_wait
+            .record(&self.stream)
+            .map_err(driver("cuEventRecord"))?;
+        if let Some(free) = gate.free {
             self.stream
                 .wait(free)
                 .map_err(driver("cuStreamWaitEvent"))?;
         }
+        gate.after_wait
+            .record(&self.stream)
+            .map_err(driver("cuEventRecord"))?;
         let output = self.run_graph(GraphPart::Output, 4, after, |gpu| io.after(&gpu.stream))?;
         Ok(input && network && output)
     }
