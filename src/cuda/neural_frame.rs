@@ -361,8 +361,9 @@ impl std::fmt::Debug for DeviceFrames {
 }
 
 impl DeviceFrames {
-    /// The frame path for `config` in `ctx` around `program` (its input and output must be
-    /// fp32 of the converter's shape), with a ring for `settings.history` outputs.
+    /// The frame path for `config` in `ctx` around `program` (its input and output must have
+    /// the converter's shape, the input in fp32, the output in fp32 or fp16), with a ring for
+    /// `settings.history` outputs.
     pub fn new(
         ctx: &Arc<CudaContext>,
         config: &ConverterConfig,
