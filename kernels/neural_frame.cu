@@ -1,9 +1,9 @@
 // toonflow neural frame kernels: the conversions around the style network on the device
 // (src/cuda/neural_frame.rs builds and launches them; the structs and the NF_CODE_VALUE table
-// come from kernel_abi, prepended by the build). The CPU reference is src/neural/frame.rs (NV12 <-> RGB,
-// reflect padding, value range, layout) and src/neural/temporal.rs (the output filter, the
-// scene-cut gate); the arithmetic follows it operation by operation (compiled without FMA
-// contraction), so the device and the reference differ by float rounding only.
+// come from kernel_abi, prepended by the build). The CPU reference is src/neural/frame.rs
+// (NV12 <-> RGB, reflect padding, value range, layout) and src/neural/temporal.rs (the output
+// filter, the scene-cut gate); the arithmetic follows it operation by operation (compiled
+// without FMA contraction), so the device and the reference differ by float rounding only.
 //
 // Kernels, in frame order (all captured in the network's CUDA graph):
 //   nf_thumb_sums      luma sums of the 64x36 thumbnail blocks (integer, exact)
@@ -12,9 +12,9 @@
 //   nf_nv12_to_tensor  NV12 -> the network's fp32 input (centred chroma with the block
 //                      correction, the caps' matrix and range, below model-scale 1 the area
 //                      average, reflect padding, value range, NHWC or NCHW)
-//   nf_tensor_to_nv12  model-scale 1: the network's output (fp32 or fp16) -> the temporal output filter
-//                      against the ring of recent raw outputs (8-bit) -> NV12, one thread per
-//                      2x2 block
+//   nf_tensor_to_nv12  model-scale 1: the network's output (fp32 or fp16) -> the temporal
+//                      output filter against the ring of recent raw outputs (8-bit) -> NV12,
+//                      one thread per 2x2 block
 //   nf_filter_scaled   below model-scale 1: the output filter at the network's content size
 //   nf_upscale_to_nv12 then the bilinear upscale to the frame -> NV12, one thread per 2x2 block
 
@@ -37,8 +37,7 @@ __device__ __forceinline__ float nf_block_sum(float v, float* shared)
 
 // First pixel of thumbnail block b of `blocks` over `size` (src/pipeline/analysis.rs). In 32
 // bits: b <= blocks <= 64 and size <= 8192 (FrameGeometry::MAX_SIZE) keep the product far
-// below 2^32, and a 64-bit division
-// costs nf_scene's single block several times its loop.
+// below 2^32, and a 64-bit division costs nf_scene's single block several times its loop.
 __device__ __forceinline__ int nf_block_start(int b, int blocks, int size)
 {
     return (int)((unsigned)b * (unsigned)size / (unsigned)blocks);

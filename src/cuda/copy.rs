@@ -5,8 +5,11 @@
 //! All are `unsafe`: the driver reads and writes raw addresses. Each function's `# Safety`
 //! says what the caller guarantees.
 
-use cudarc::driver::DriverError;
 use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{CudaStream, DriverError};
+
+use super::error::{CudaError, driver};
+use crate::neural::precision::{fp16_bits, fp16_value};
 
 /// Copies `bytes` bytes from host memory to the device.
 ///
@@ -38,6 +41,71 @@ pub(crate) unsafe fn copy_d2h(
 ) -> Result<(), DriverError> {
     // SAFETY: the caller guarantees both ranges (see above).
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src, bytes, stream).result() }
+}
+
+/// Downloads the `out.len()` values stored at `src`, fp16 with `half` (widened exactly) or
+/// f32, into `out` on `stream`, and waits for them.
+///
+/// # Safety
+/// `src` holds `out.len()` values of that storage in one device allocation of the stream's
+/// context.
+pub(crate) unsafe fn download_values(
+    stream: &CudaStream,
+    src: CUdeviceptr,
+    half: bool,
+    out: &mut [f32],
+    what: &'static str,
+) -> Result<(), CudaError> {
+    let mut halves = vec![0u16; if half { out.len() } else { 0 }];
+    let (dst, bytes) = if half {
+        (halves.as_mut_ptr() as *mut u8, 2 * out.len())
+    } else {
+        (out.as_mut_ptr() as *mut u8, 4 * out.len())
+    };
+    // SAFETY: the caller guarantees the device range; the host buffer is as long and is read
+    // only after the synchronisation below.
+    unsafe { copy_d2h(stream.cu_stream(), src, dst, bytes) }.map_err(driver(what))?;
+    stream
+        .synchronize()
+        .map_err(driver("cuStreamSynchronize"))?;
+    widen_halves(&halves, out);
+    Ok(())
+}
+
+/// Uploads `values` to `dst`, as fp16 with `half` (rounded to nearest even, as the device
+/// rounds) or as f32, on `stream`, and waits for the copy.
+///
+/// # Safety
+/// `dst` holds `values.len()` values of that storage in one device allocation of the stream's
+/// context, which nothing reads or writes meanwhile.
+pub(crate) unsafe fn upload_values(
+    stream: &CudaStream,
+    values: &[f32],
+    dst: CUdeviceptr,
+    half: bool,
+    what: &'static str,
+) -> Result<(), CudaError> {
+    let halves: Vec<u16> = if half {
+        values.iter().map(|&v| fp16_bits(v)).collect()
+    } else {
+        Vec::new()
+    };
+    let (src, bytes) = if half {
+        (halves.as_ptr() as *const u8, 2 * values.len())
+    } else {
+        (values.as_ptr() as *const u8, 4 * values.len())
+    };
+    // SAFETY: the caller guarantees the device range; the host buffer is as long and outlives
+    // the synchronisation below.
+    unsafe { copy_h2d(stream.cu_stream(), src, dst, bytes) }.map_err(driver(what))?;
+    stream.synchronize().map_err(driver("cuStreamSynchronize"))
+}
+
+/// fp16 bits into f32 values (exact), pair by pair.
+pub(crate) fn widen_halves(halves: &[u16], out: &mut [f32]) {
+    for (v, &h) in out.iter_mut().zip(halves) {
+        *v = fp16_value(h);
+    }
 }
 
 /// One side of a 2D copy: rows `pitch` bytes apart from `ptr`, in host memory or in device

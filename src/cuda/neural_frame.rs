@@ -23,17 +23,16 @@ use parking_lot::Mutex;
 
 use super::alloc::{DeviceBlock, allocate};
 use super::context::{describe, guard};
-use super::copy::{Rows, copy_d2h, copy_h2d};
+use super::copy::{Rows, copy_d2h, copy_h2d, download_values, upload_values};
 use super::error::{CudaError, driver};
 use super::kernels::compile_cached;
 use super::neural::DeviceFrameIo;
 use super::neural::program::{NnControl, Program};
-use super::pipeline::{FrameSource, FrameTarget, copy_nv12};
+use super::pipeline::{FrameSource, FrameTarget, check_host_frame, copy_nv12};
 use crate::kernel_abi::{Define, KernelStruct, c_float_table, c_header, kernel_struct};
 use crate::neural::frame::{
     ConverterConfig, SampleTaps, TensorLayout, scaled_dimension, scaling_taps,
 };
-use crate::neural::precision::{fp16_bits, fp16_value};
 use crate::neural::temporal::{OutputFilter, SceneCut, ring_value};
 use crate::pipeline::FrameGeometry;
 use crate::pipeline::params::{THUMB_H, THUMB_W};
@@ -529,26 +528,9 @@ impl DeviceFrames {
         out: &mut [f32],
     ) -> Result<(), CudaError> {
         self.check_tensor(out.len())?;
-        let mut halves = vec![0u16; if half { out.len() } else { 0 }];
-        let (dst, bytes) = if half {
-            (halves.as_mut_ptr() as *mut u8, 2 * out.len())
-        } else {
-            (out.as_mut_ptr() as *mut u8, 4 * out.len())
-        };
         // SAFETY: the network's input and output hold `out.len()` values of their storage
-        // (checked against their shape); the host buffer is as long and is not read before
-        // the synchronisation below.
-        unsafe {
-            copy_d2h(stream.cu_stream(), tensor, dst, bytes)
-                .map_err(driver("network tensor download"))?;
-        }
-        stream
-            .synchronize()
-            .map_err(driver("cuStreamSynchronize"))?;
-        for (v, &h) in out.iter_mut().zip(&halves) {
-            *v = fp16_value(h);
-        }
-        Ok(())
+        // (checked against their shape) in the network's context.
+        unsafe { download_values(stream, tensor, half, out, "network tensor download") }
     }
 
     /// The network's output of the last frame into `out` (f32), on `stream`, synchronised.
@@ -561,23 +543,17 @@ impl DeviceFrames {
     /// `stream`, synchronised.
     pub fn write_output(&self, stream: &CudaStream, values: &[f32]) -> Result<(), CudaError> {
         self.check_tensor(values.len())?;
-        let halves: Vec<u16> = if self.out_half() {
-            values.iter().map(|&v| fp16_bits(v)).collect()
-        } else {
-            Vec::new()
-        };
-        let (src, bytes) = if self.out_half() {
-            (halves.as_ptr() as *const u8, 2 * values.len())
-        } else {
-            (values.as_ptr() as *const u8, 4 * values.len())
-        };
         // SAFETY: the network's output holds `values.len()` values of its storage (checked);
-        // the host buffer is as long and outlives the synchronisation below.
+        // no frame runs while the calibration frame's result is written.
         unsafe {
-            copy_h2d(stream.cu_stream(), src, self.params.tensor_out, bytes)
-                .map_err(driver("network output upload"))?;
+            upload_values(
+                stream,
+                values,
+                self.params.tensor_out,
+                self.out_half(),
+                "network output upload",
+            )
         }
-        stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 
     fn out_half(&self) -> bool {
@@ -895,23 +871,6 @@ pub(crate) fn verdict_of(state: &NfState) -> (SceneCut, usize) {
         },
         state.used.max(0) as usize,
     )
-}
-
-/// A host frame against the frame path's size, with `planes` its planes' check
-/// (`Nv12Frame::check`: the fields are public, no copy may run past a slice).
-pub(crate) fn check_host_frame(
-    g: FrameGeometry,
-    planes: Result<(), String>,
-    (w, h): (usize, usize),
-    what: &str,
-) -> Result<(), CudaError> {
-    if (g.width, g.height) != (w, h) {
-        return Err(CudaError::Failed(format!(
-            "{what} frame of {}x{}, the neural frame path holds {w}x{h}",
-            g.width, g.height
-        )));
-    }
-    planes.map_err(|e| CudaError::Failed(format!("{what} frame: {e}")))
 }
 
 /// `target` for a shorter borrow (a frame's first half, before the calibration rebuilds the

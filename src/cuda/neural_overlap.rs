@@ -26,11 +26,9 @@ use super::copy::{Rows, copy_d2h, copy_h2d};
 use super::error::{CudaError, driver};
 use super::neural::program::NnControl;
 use super::neural::{NeuralGpu, OutputGate};
-use super::neural_frame::{
-    DeviceFrames, NfControl, NfState, check_host_frame, host_planes, verdict_of,
-};
+use super::neural_frame::{DeviceFrames, NfControl, NfState, host_planes, verdict_of};
 use super::overlap::{FlightSlot, HOST_SLOTS, InFlight, SlotRing};
-use super::pipeline::{FrameSource, FrameTarget, copy_nv12, elapsed_us};
+use super::pipeline::{FrameSource, FrameTarget, check_host_frame, copy_nv12, elapsed_us};
 use crate::neural::temporal::SceneCut;
 use crate::pipeline::{Nv12Frame, Nv12FrameMut};
 

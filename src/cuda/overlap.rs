@@ -29,7 +29,7 @@ pub(crate) struct InFlight {
 }
 
 /// A frame's host slot on an overlap path, with `EVENTS` timing events (the classic path's five
-/// are listed at `ev`; the network's path numbers its own six).
+/// are listed at `ev`; the network's path numbers its own, `neural_overlap.rs`).
 pub(crate) struct FlightSlot<const EVENTS: usize = 5> {
     /// What goes up and comes back with the frame (each path lays it out).
     pub host: PinnedHostBuffer,

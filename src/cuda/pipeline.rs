@@ -154,11 +154,22 @@ fn precision_name(s: &Shape) -> String {
     }
 }
 
-fn geometry_error(got: FrameGeometry, want: FrameGeometry) -> CudaError {
-    CudaError::Failed(format!(
-        "frame geometry {}x{} differs from the pipeline's {}x{}",
-        got.width, got.height, want.width, want.height
-    ))
+/// A host frame against the size a frame path was set up for, then `planes`, its planes'
+/// check (`Nv12Frame::check`: the fields are public, so no copy may run past a slice).
+/// The classic pipeline and the network's frame path both check this way.
+pub(crate) fn check_host_frame(
+    g: FrameGeometry,
+    planes: Result<(), String>,
+    (w, h): (usize, usize),
+    what: &str,
+) -> Result<(), CudaError> {
+    if (g.width, g.height) != (w, h) {
+        return Err(CudaError::Failed(format!(
+            "{what} frame of {}x{}, the frame path holds {w}x{h}",
+            g.width, g.height
+        )));
+    }
+    planes.map_err(|e| CudaError::Failed(format!("{what} frame: {e}")))
 }
 
 /// Writes the parameter block and the frame's control into the page-locked `host` block and
@@ -845,23 +856,13 @@ impl CudaPipeline {
         // Re-check the planes (the fields are public): no copy may run past a slice.
         match input {
             FrameSource::Host(input) => {
-                if input.geometry != g {
-                    return Err(geometry_error(input.geometry, g));
-                }
-                input
-                    .check()
-                    .map_err(|e| CudaError::Failed(format!("input frame: {e}")))?;
+                check_host_frame(input.geometry, input.check(), (w, h), "input")?
             }
             FrameSource::Device(d) => d.check(w, "input")?,
         }
         match output {
             FrameTarget::Host(output) => {
-                if output.geometry != g {
-                    return Err(geometry_error(output.geometry, g));
-                }
-                output
-                    .check()
-                    .map_err(|e| CudaError::Failed(format!("output frame: {e}")))?;
+                check_host_frame(output.geometry, output.check(), (w, h), "output")?
             }
             FrameTarget::Device(d) => d.check(w, "output")?,
         }

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use super::GpuFrameStats;
 use super::alloc::{DeviceBlock, allocate};
 use super::context::{context, describe, guard};
-use super::copy::{copy_d2h, copy_h2d};
+use super::copy::{copy_d2h, copy_h2d, download_values, widen_halves};
 use super::error::{CudaError, driver};
 use super::fault::{Fault, injected};
 use super::graph::{GraphCache, OwnedGraph, Ran};
@@ -31,7 +31,6 @@ use super::kernels::compile_cached;
 use super::{GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES};
 use crate::neural::engine::Specialised;
 use crate::neural::lower::StatsHook;
-use crate::neural::precision::fp16_value;
 use crate::neural::{NeuralError, Tensor};
 use program::{Kernel, NnControl, Program, Storage};
 
@@ -469,9 +468,7 @@ impl NeuralGpu {
     /// An fp16 output's staged halves into `output` (after the synchronisation).
     fn land_output(&mut self, output: &mut Tensor<f32>) {
         if self.program.output.half {
-            for (v, &h) in output.data.iter_mut().zip(&self.output_halves) {
-                *v = fp16_value(h);
-            }
+            widen_halves(&self.output_halves, &mut output.data);
         }
     }
 
@@ -639,6 +636,14 @@ impl NeuralGpu {
         self.run_graph(GraphPart::Frame, key, launches, |gpu| gpu.enqueue_frame(io))
     }
 
+    fn graph_cache(&mut self, part: GraphPart) -> &mut GraphCache<u32, OwnedGraph> {
+        match part {
+            GraphPart::Frame => &mut self.cache,
+            GraphPart::Input => &mut self.part_caches[0],
+            GraphPart::Output => &mut self.part_caches[1],
+        }
+    }
+
     /// Runs what `enqueue` puts on the stream as graph `key` of `part`'s cache (eagerly
     /// without graphs, while it warms up or after its capture failed); returns whether a graph
     /// ran.
@@ -653,18 +658,10 @@ impl NeuralGpu {
             enqueue(self)?;
             return Ok(false);
         }
-        let slot = match part {
-            GraphPart::Frame => &mut self.cache,
-            GraphPart::Input => &mut self.part_caches[0],
-            GraphPart::Output => &mut self.part_caches[1],
-        };
-        let mut cache = std::mem::replace(slot, GraphCache::new(1, 0));
+        // the cache is taken out while `enqueue` borrows the network
+        let mut cache = std::mem::replace(self.graph_cache(part), GraphCache::new(1, 0));
         let ran = cache.run(&key, &self.stream, || enqueue(self));
-        match part {
-            GraphPart::Frame => self.cache = cache,
-            GraphPart::Input => self.part_caches[0] = cache,
-            GraphPart::Output => self.part_caches[1] = cache,
-        }
+        *self.graph_cache(part) = cache;
         Ok(match ran? {
             Ran::Eager => false,
             Ran::Replayed => true,
@@ -761,23 +758,16 @@ pub type StatsObserver<'a> = &'a mut dyn FnMut(usize, &[f32], &[f32]);
 
 impl NeuralGpu {
     fn read_place(&self, p: program::Place) -> Result<Vec<f32>, CudaError> {
-        let n = p.elements as usize;
-        let mut raw = vec![0u8; n * if p.half { 2 } else { 4 }];
-        // SAFETY: the place holds `elements` values of its storage in this executor's memory;
-        // `raw` is as long and is read only after the synchronisation below.
+        let mut values = vec![0.0f32; p.elements as usize];
+        // SAFETY: the place holds `elements` values of its storage in this executor's memory.
         unsafe {
-            copy_d2h(self.stream.cu_stream(), p.addr, raw.as_mut_ptr(), raw.len())
-                .map_err(driver("stage output download"))?;
-        }
-        self.synchronize()?;
-        let values: Vec<f32> = if p.half {
-            raw.chunks_exact(2)
-                .map(|b| fp16_value(u16::from_le_bytes([b[0], b[1]])))
-                .collect()
-        } else {
-            raw.chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect()
+            download_values(
+                &self.stream,
+                p.addr,
+                p.half,
+                &mut values,
+                "stage output download",
+            )?
         };
         // observers see NCHW, as the CPU reference holds it
         Ok(match p.channels_last {
