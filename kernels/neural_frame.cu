@@ -9,7 +9,7 @@
 //   nf_thumb_sums      luma sums of the 64x36 thumbnail blocks (integer, exact)
 //   nf_scene           the scene-cut score against the previous thumbnail; a cut clears the
 //                      output ring for this frame and sets the network's statistics reset
-//   nf_nv12_to_tensor  NV12 -> the network's fp32 input (centred chroma with the block
+//   nf_nv12_to_tensor  NV12 -> the network's input, fp32 or fp16 (centred chroma with the block
 //                      correction, the caps' matrix and range, below model-scale 1 the area
 //                      average, reflect padding, value range, NHWC or NCHW)
 //   nf_tensor_to_nv12  model-scale 1: the network's output (fp32 or fp16) -> the temporal
@@ -231,15 +231,15 @@ extern "C" __global__ void nf_nv12_to_tensor(const NfFrame* p)
                     [p](int x, int y, float v[3]) { nf_pixel_rgb(p, x, y, v); }, rgb);
     else
         nf_pixel_rgb(p, sx, sy, rgb);
-    float* t = (float*)p->tensor_in;
     const long long plane = (long long)p->net_w * p->net_h;
     const long long at = (long long)py * p->net_w + px;
     for (int c = 0; c < 3; c++) {
         const float v = rgb[c] * p->v_scale + p->v_offset;
-        if (p->nchw)
-            t[c * plane + at] = v;
+        const long long i = p->nchw ? c * plane + at : at * 3 + c;
+        if (p->in_half) // rounded as the convolution that reads it would round it
+            ((unsigned short*)p->tensor_in)[i] = float_to_half_bits(v);
         else
-            t[at * 3 + c] = v;
+            ((float*)p->tensor_in)[i] = v;
     }
 }
 

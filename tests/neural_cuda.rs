@@ -549,8 +549,24 @@ fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
     )
     .unwrap();
     p.arena.validate().unwrap();
-    // the network's output follows the plan like any stage output
+    // the network's output follows the plan like any stage output; tiny_like's NHWC input
+    // goes only through its first convolution's gather, which rounds it to fp16 anyway (in
+    // an all-fp32 plan nothing is folded and the input stays fp32)
+    use gsttoonflow::cuda::neural::program::Fusions;
     assert!(p.output.half, "an all-fp16 plan stores the output in fp32");
+    assert_eq!(
+        p.input.half,
+        Fusions::from_env().half_input,
+        "tiny_like's input"
+    );
+    let p32 = gsttoonflow::cuda::neural::program::build(
+        &spec,
+        &Storage::uniform(spec.stage_count(), false),
+        0,
+        0,
+    )
+    .unwrap();
+    assert!(!p32.input.half && !p32.output.half, "an all-fp32 plan");
     let addrs: Vec<u64> = p.stage_outputs.iter().flatten().map(|o| o.addr).collect();
     let shared = (1..addrs.len()).any(|i| addrs[..i].contains(&addrs[i]));
     assert!(shared, "no stage output was written in place");
@@ -567,6 +583,12 @@ fn elementwise_outputs_take_the_buffer_of_an_input_that_dies() {
     )
     .unwrap();
     p.arena.validate().unwrap();
+    // its NHWC input goes only through the stem's gather, which rounds it to fp16 anyway
+    assert_eq!(
+        p.input.half,
+        Fusions::from_env().half_input,
+        "the real tiny's input"
+    );
     let full = 1088 * 1920 * 16 * 2;
     let mib = p.arena.arena_bytes as f64 / 1048576.0;
     println!(
@@ -1674,6 +1696,30 @@ fn tall_7x7_blocks_keep_the_bits() {
                 a.data.len()
             );
             assert_same_bits(&a, &b, &format!("{}: tall blocks", model.name()));
+        }
+    }
+}
+
+/// An fp16 network input (`Fusions::half_input`) is what the stem's gather made of the fp32
+/// one (both round to nearest even): the same output bits through the tensor path's upload
+/// (tiny_16 and the real tiny, when here, at 1920x1088 and 640x368). The frame path's
+/// conversion writing halves is checked against the CPU reference by neural_frame_cuda.
+#[test]
+fn an_fp16_input_keeps_the_bits() {
+    need_gpu!();
+    let mut models = vec![tiny_16()];
+    models.extend(real_tiny());
+    let fp32_input = Fusions {
+        half_input: false,
+        ..Fusions::ALL
+    };
+    for model in &models {
+        for (w, h) in [(1920, 1088), (640, 368)] {
+            let input = photo_tensor(model, "chelsea.png", w, h);
+            let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+            let (a, b) = run_with_and_without(&spec, &input, fp32_input);
+            println!("{} {w}x{h}: {} values", model.name(), a.data.len());
+            assert_same_bits(&a, &b, &format!("{}: an fp16 input", model.name()));
         }
     }
 }

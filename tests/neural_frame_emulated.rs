@@ -39,8 +39,9 @@ fn put_f32(out: &mut Vec<u8>, v: &[f32]) {
 /// One case file for the host driver: the parameter block, the tap lists, an
 /// NV12 frame and the reference input tensor, then per frame the ring plan, a network output
 /// and the reference NV12.
-/// With `half`, the network's output is stored in fp16 (`out_half`): the case holds its bits
-/// and the reference filters the values they stand for.
+/// With `half`, the network's input and output are stored in fp16 (`in_half`, `out_half`):
+/// the reference input is rounded to fp16 as the kernel rounds it, the case holds the output's
+/// bits and the reference filters the values they stand for.
 fn write_case(path: &Path, config: ConverterConfig, seed: u64, half: bool) {
     let (w, h) = (config.width, config.height);
     let mut conv = FrameConverter::new(config).unwrap();
@@ -74,11 +75,17 @@ fn write_case(path: &Path, config: ConverterConfig, seed: u64, half: bool) {
     // the device's parameter block, addresses 0 (the driver points them at its buffers)
     let mut params = neural_frame::frame_params(&config, (nh, nw));
     params.out_half = half as i32;
+    params.in_half = half as i32;
     out.extend_from_slice(bytemuck::bytes_of(&params));
     put_i32(&mut out, &[taps.len() as i32]);
     out.extend_from_slice(bytemuck::cast_slice(&taps));
     out.extend_from_slice(&nv12);
-    put_f32(&mut out, &input.data);
+    if half {
+        let rounded: Vec<f32> = input.data.iter().map(|&v| round_to_fp16(v)).collect();
+        put_f32(&mut out, &rounded);
+    } else {
+        put_f32(&mut out, &input.data);
+    }
     put_i32(&mut out, &[FRAMES as i32]);
     for _ in 0..FRAMES {
         let values = (0..input.data.len())

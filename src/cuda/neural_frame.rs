@@ -63,7 +63,8 @@ pub struct NfFrame {
     /// Packed NV12 (Y rows of `width`, then the UV rows).
     pub nv12_in: u64,
     pub nv12_out: u64,
-    /// The network's input (fp32) and output (fp32, or fp16 with `out_half`).
+    /// The network's input (fp32, or fp16 with `in_half`) and output (fp32, or fp16 with
+    /// `out_half`).
     pub tensor_in: u64,
     pub tensor_out: u64,
     /// fp16 raw outputs, [capacity][3][height][width], nominal RGB.
@@ -105,7 +106,8 @@ pub struct NfFrame {
     pub chroma_units: f32,
     /// Non-zero: the network's output is stored in fp16 (its calibrated precision).
     pub out_half: i32,
-    pub pad: i32,
+    /// Non-zero: the network's input is stored in fp16 (`program::Fusions::half_input`).
+    pub in_half: i32,
 }
 }
 
@@ -361,8 +363,7 @@ impl std::fmt::Debug for DeviceFrames {
 
 impl DeviceFrames {
     /// The frame path for `config` in `ctx` around `program` (its input and output must have
-    /// the converter's shape, the input in fp32, the output in fp32 or fp16), with a ring for
-    /// `settings.history` outputs.
+    /// the converter's shape, in fp32 or fp16), with a ring for `settings.history` outputs.
     pub fn new(
         ctx: &Arc<CudaContext>,
         config: &ConverterConfig,
@@ -473,23 +474,16 @@ impl DeviceFrames {
         let (n_in, n_out) = (program.input, program.output);
         let want = (self.params.net_w * self.params.net_h * 3) as u64;
         let packed = n_in.channels_last.is_none() && n_out.channels_last.is_none();
-        if n_in.half || !packed || n_in.elements != want || n_out.elements != want {
+        if !packed || n_in.elements != want || n_out.elements != want {
             return Err(CudaError::Failed(format!(
-                "the network's input/output ({} / {} values, input fp16 {}, tiled layout {}) \
-                 are not the fp32 {}x{}x3 input and the {}x{}x3 output in the converter's \
-                 layout the frame path writes and reads",
-                n_in.elements,
-                n_out.elements,
-                n_in.half,
-                !packed,
-                self.params.net_w,
-                self.params.net_h,
-                self.params.net_w,
-                self.params.net_h
+                "the network's input/output ({} / {} values, tiled layout {}) are not the \
+                 {}x{}x3 tensors in the converter's layout the frame path writes and reads",
+                n_in.elements, n_out.elements, !packed, self.params.net_w, self.params.net_h
             )));
         }
         self.params.tensor_in = n_in.addr;
         self.params.tensor_out = n_out.addr;
+        self.params.in_half = n_in.half as i32;
         self.params.out_half = n_out.half as i32;
         self.params.net_control = program.control;
         self.write_params()
@@ -517,7 +511,7 @@ impl DeviceFrames {
     /// The network's input as the conversion wrote it, into `out` (f32, the network's input
     /// size), on `stream`, synchronised (the calibration frame's host copy).
     pub fn read_input(&self, stream: &CudaStream, out: &mut [f32]) -> Result<(), CudaError> {
-        self.read_tensor(stream, self.params.tensor_in, false, out)
+        self.read_tensor(stream, self.params.tensor_in, self.params.in_half != 0, out)
     }
 
     fn read_tensor(

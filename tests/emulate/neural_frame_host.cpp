@@ -54,12 +54,12 @@ int main(int argc, char** argv) {
         std::vector<unsigned char> nv12(frame); r.get(nv12.data(), frame);
         std::vector<float> want_in(tlen); r.get(want_in.data(), tlen);
         std::vector<float> tin(tlen), tout(tlen), srgb(3 * (size_t)sw * sh);
-        std::vector<unsigned short> tout16(tlen);
+        std::vector<unsigned short> tout16(tlen), tin16(tlen);
         std::vector<unsigned short> ring(2 * 3 * (size_t)sw * sh);
         std::vector<unsigned char> out(frame);
         NfControl ctl{}; NfState st{}; NnControl net{};
         p.nv12_in = (unsigned long long)nv12.data(); p.nv12_out = (unsigned long long)out.data();
-        p.tensor_in = (unsigned long long)tin.data(); p.tensor_out = p.out_half ? (unsigned long long)tout16.data() : (unsigned long long)tout.data();
+        p.tensor_in = p.in_half ? (unsigned long long)tin16.data() : (unsigned long long)tin.data(); p.tensor_out = p.out_half ? (unsigned long long)tout16.data() : (unsigned long long)tout.data();
         p.ring = (unsigned long long)ring.data(); p.control = (unsigned long long)&ctl;
         p.state = (unsigned long long)&st; p.net_control = (unsigned long long)&net;
         p.scaled_rgb = (unsigned long long)srgb.data();
@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
         }
         auto cdiv = [](int a, int b) { return (a + b - 1) / b; };
         launch(nf_nv12_to_tensor, &p, cdiv(nw, 16), cdiv(nh, 16), 16, 16);
+        if (p.in_half) for (size_t i = 0; i < tlen; i++) tin[i] = half_bits_to_float(tin16[i]);
         float din = 0; for (size_t i = 0; i < tlen; i++) din = std::max(din, std::fabs(tin[i] - want_in[i]));
         int frames; r.get(&frames, 1);
         int worst = 0; size_t differing = 0;
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
             }
             for (size_t i = 0; i < frame; i++) { int d = abs(out[i] - want[i]); worst = std::max(worst, d); differing += d > 0; }
         }
-        printf("%s: %dx%d -> %dx%d (net %dx%d, nchw %d, output fp%d): input max diff %.3g, NV12 worst %d codes, %zu of %zu bytes differ\n",
+        printf("%s: %dx%d -> %dx%d (net %dx%d, nchw %d, input and output fp%d): input max diff %.3g, NV12 worst %d codes, %zu of %zu bytes differ\n",
                argv[ci], w, h, sw, sh, nw, nh, nchw, p.out_half ? 16 : 32, din, worst, differing, frame * frames);
         if (din > 1e-4f || worst > 1) bad = 1;
     }

@@ -31,6 +31,7 @@ use super::kernels::compile_cached;
 use super::{GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES};
 use crate::neural::engine::Specialised;
 use crate::neural::lower::StatsHook;
+use crate::neural::precision::fp16_bits;
 use crate::neural::{NeuralError, Tensor};
 use program::{Kernel, NnControl, Program, Storage};
 
@@ -200,6 +201,8 @@ pub struct NeuralGpu {
     device_name: String,
     /// An fp16 output's download before it is converted (`land_output`).
     output_halves: Vec<u16>,
+    /// An fp16 input's upload (`upload_input`).
+    input_halves: Vec<u16>,
 }
 
 impl std::fmt::Debug for NeuralGpu {
@@ -321,6 +324,7 @@ impl NeuralGpu {
             log,
             device_name,
             output_halves: Vec::new(),
+            input_halves: Vec::new(),
         })
     }
 
@@ -388,23 +392,29 @@ impl NeuralGpu {
 
     fn upload_input(&mut self, input: &Tensor<f32>) -> Result<(), CudaError> {
         let p = self.program.input;
-        if input.data.len() as u64 != p.elements || p.half {
+        if input.data.len() as u64 != p.elements {
             return Err(CudaError::Failed(format!(
                 "input of {} values, the network takes {}",
                 input.data.len(),
                 p.elements
             )));
         }
-        // SAFETY: the input buffer holds `elements` f32 in the arena; the host memory outlives
-        // the synchronisation that ends every frame.
-        unsafe {
-            copy_h2d(
-                self.stream.cu_stream(),
-                input.data.as_ptr() as *const u8,
-                p.addr,
-                input.data.len() * 4,
+        // an fp16 input (`Fusions::half_input`) rounded as the device rounds it
+        let (src, bytes) = if p.half {
+            self.input_halves = input.data.iter().map(|&v| fp16_bits(v)).collect();
+            (
+                self.input_halves.as_ptr() as *const u8,
+                2 * input.data.len(),
             )
-            .map_err(driver("input upload"))?;
+        } else {
+            (input.data.as_ptr() as *const u8, 4 * input.data.len())
+        };
+        // SAFETY: the input buffer holds `elements` values of its storage in the arena; the
+        // host buffer is as long and outlives the synchronisation that ends every frame (the
+        // halves live in `self` until the next upload).
+        unsafe {
+            copy_h2d(self.stream.cu_stream(), src, p.addr, bytes)
+                .map_err(driver("input upload"))?;
         }
         self.upload_control()
     }

@@ -718,6 +718,10 @@ pub struct Fusions {
     /// The 7x7 kernels (stem, paired output convolution) run `TC_TALL_ROWS` rows a block
     /// (`MmaGather::tall`). `TOONFLOW_NEURAL_TALL=0` turns it off.
     pub tall_7x7: bool,
+    /// The network's input stored in fp16 where its only reader is a tensor-core convolution
+    /// that takes it through the NHWC gather (`half_input`): that convolution rounds it to
+    /// fp16 as it stages it anyway. `TOONFLOW_NEURAL_HALF_INPUT=0` turns it off.
+    pub half_input: bool,
 }
 
 impl Fusions {
@@ -734,6 +738,7 @@ impl Fusions {
         residual_act: true,
         residual_pairs: true,
         tall_7x7: true,
+        half_input: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -748,6 +753,7 @@ impl Fusions {
         residual_act: false,
         residual_pairs: false,
         tall_7x7: false,
+        half_input: false,
     };
 
     /// These fusions with every double-buffered gather single-buffered (a card whose
@@ -776,6 +782,7 @@ impl Fusions {
             residual_act: switch("TOONFLOW_NEURAL_RESIDUAL_ACT", true),
             residual_pairs: switch("TOONFLOW_NEURAL_RESIDUAL_PAIRS", true),
             tall_7x7: switch("TOONFLOW_NEURAL_TALL", true),
+            half_input: switch("TOONFLOW_NEURAL_HALF_INPUT", true),
         }
     }
 }
@@ -1419,6 +1426,30 @@ struct Folds {
     residual: HashMap<usize, FoldedAdd>,
 }
 
+/// Whether the network's input may be stored in fp16 without changing a bit: its only reader
+/// is the NHWC → NCHW Transpose folded into a tensor-core convolution's gather
+/// (`Gather::Nhwc`), which rounds each value to fp16 (round to nearest even) as it stages it,
+/// as the writer of an fp16 input does (the frame path's conversion, the host's upload).
+fn half_input(l: &Lowered, storage: &Storage, folds: &Folds) -> bool {
+    if !storage.fusions.half_input || !storage.tensor_cores {
+        return false;
+    }
+    let readers: Vec<usize> = l
+        .stages
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.inputs.contains(&l.input))
+        .map(|(i, _)| i)
+        .collect();
+    let [reader] = readers.as_slice() else {
+        return false;
+    };
+    folds
+        .input
+        .values()
+        .any(|&(stage, gather)| stage == *reader && gather == Gather::Nhwc)
+}
+
 /// A residual Add folded into the epilogue of the convolution before it.
 #[derive(Debug)]
 struct FoldedAdd {
@@ -2027,6 +2058,9 @@ pub fn build(
     // a folded stage's input lives until its convolution reads it, the convolution writes
     // the output of a Transpose folded into its epilogue; the folded tensors are not stored
     let folds = folds(l, storage, &half_of);
+    if half_input(l, storage, &folds) {
+        half_of.insert(l.input.clone(), true);
+    }
     let mut not_stored: HashMap<&str, ()> = HashMap::new();
     let mut written_by: HashMap<&str, u32> = HashMap::new();
     for (&conv, &(stage, _)) in &folds.input {
