@@ -43,6 +43,15 @@ __device__ __forceinline__ float nn_load(unsigned long long p, long long i, int 
     return __ldg((const float*)p + i);
 }
 
+// The same through L2 (ld.global.cg): for values this launch itself wrote, which the
+// read-only path may not see.
+__device__ __forceinline__ float nn_load_cg(unsigned long long p, long long i, int is_half)
+{
+    if (is_half)
+        return half_bits_to_float(__ldcg((const unsigned short*)p + i));
+    return __ldcg((const float*)p + i);
+}
+
 __device__ __forceinline__ void nn_store(unsigned long long p, long long i, int is_half, float v)
 {
     if (is_half)
@@ -1409,6 +1418,10 @@ __device__ __forceinline__ void nn_gram_mma(float (&d)[4], unsigned int a0, unsi
 #endif // the host launches it on sm_80+ only
 }
 
+// The statistics chains of a Gram launch (NnMomentsGram::tail), run by its last block:
+// defined with nn_eltwise below.
+__device__ void nn_gram_tails(const NnMomentsGram* __restrict__ p);
+
 __device__ __forceinline__ float nn_half_pair_sum(unsigned int w)
 {
     return half_bits_to_float((unsigned short)(w & 0xffffu)) +
@@ -1487,19 +1500,27 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
         const int st_slot = st_px * 2 + (st_half ^ ((st_px >> 2) & 1));
         const unsigned int ld_addr =
             nn_smem_addr(stage) + (unsigned int)((ld_px * 2 + (ld_half ^ ((ld_px >> 2) & 1))) * 16);
-        for (long long p0 = ((long long)blockIdx.x * warps + warp) * 16; p0 < hw;
-             p0 += NN_GRAM_UNROLL * step_cl) {
-            uint4 v[NN_GRAM_UNROLL];
+        // a round's loads are issued before the previous round's products, so that a warp's
+        // loads are in flight while it multiplies (the registers are free once staged)
+        const auto load_round = [&](uint4 (&v)[NN_GRAM_UNROLL], long long p0) {
 #pragma unroll
             for (int u = 0; u < NN_GRAM_UNROLL; u++) {
                 const long long px = p0 + u * step_cl + st_px;
                 v[u] = px < hw ? __ldg(xv + 2 * px + st_half) : zero;
             }
+        };
+        uint4 v[NN_GRAM_UNROLL];
+        const long long first = ((long long)blockIdx.x * warps + warp) * 16;
+        if (first < hw)
+            load_round(v, first);
+        for (long long p0 = first; p0 < hw; p0 += NN_GRAM_UNROLL * step_cl) {
             __syncwarp(); // the previous round's ldmatrix are done
 #pragma unroll
             for (int u = 0; u < NN_GRAM_UNROLL; u++)
                 stage[u * 32 + st_slot] = v[u];
             __syncwarp();
+            if (p0 + NN_GRAM_UNROLL * step_cl < hw)
+                load_round(v, p0 + NN_GRAM_UNROLL * step_cl);
             float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
             float s_lo = 0.f, s_hi = 0.f;
 #pragma unroll
@@ -1559,23 +1580,25 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
     if (!last)
         return;
     __threadfence();
+    // each sum over the pixels divided by their count once, here, in parallel (the finishing
+    // loops below would otherwise divide in double, one after another, 272 times a channel)
+    const double n = (double)hw;
     for (int i = threadIdx.x; i < NN_GRAM_SUMS; i += NN_GRAM_THREADS) {
         double v = 0.0;
-#pragma unroll 8
+#pragma unroll 16
         for (int b = 0; b < (int)gridDim.x; b++)
             v += __ldcg(partial + (long long)b * NN_GRAM_SUMS + i);
-        total[i] = v;
+        total[i] = v / n;
     }
     __syncthreads();
     if (threadIdx.x == 0)
         *counter = 0u;
-    const double n = (double)hw;
     const int c = p->c;
     // x's own statistics
     if (p->mean && threadIdx.x < c) {
         const int k = threadIdx.x;
-        const double mean = total[256 + k] / n;
-        nn_smooth_store(k, mean, total[k * 16 + k] / n - mean * mean, p->control, p->state_mean,
+        const double mean = total[256 + k];
+        nn_smooth_store(k, mean, total[k * 16 + k] - mean * mean, p->control, p->state_mean,
                         p->state_var, p->state_primed, p->mean, p->var);
     }
     // the 1x1 convolution's: w_o^T (G / n - m m^T) w_o, in double
@@ -1585,17 +1608,18 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
         double mean = p->b ? (double)((const float*)p->b)[o] : 0.0;
         double wm = 0.0, quad = 0.0;
         for (int i = 0; i < c; i++) {
-            const double mi = total[256 + i] / n;
+            const double mi = total[256 + i];
             wm += (double)wo[i] * mi;
             double row = 0.0;
             for (int j = 0; j < c; j++)
-                row += total[i * 16 + j] / n * (double)wo[j];
+                row += total[i * 16 + j] * (double)wo[j];
             quad += (double)wo[i] * row;
         }
         mean += wm;
         nn_smooth_store(o, mean, quad - wm * wm, p->control, p->y_state_mean, p->y_state_var,
                         p->y_state_primed, p->y_mean, p->y_var);
     }
+    nn_gram_tails(p);
 }
 
 // y = (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + bias[c], then the activation.
@@ -1824,13 +1848,14 @@ __device__ __forceinline__ void nn_eltwise_affine_body(const NnEltwise& s)
 
 // V consecutive elements along the last axis per thread (V = 4 when that axis allows it): the
 // index decomposition, operand offsets and the op dispatch are paid once per V values.
-template <typename Idx, int V>
-__device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s)
+// (CG: the operands through L2, for values written earlier in the same launch; first and
+// stride: the grid-stride loop's, in units of V values)
+template <typename Idx, int V, bool CG = false>
+__device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s, Idx first, Idx stride)
 {
     const Idx d1 = s.dims[1], d2 = s.dims[2], d3 = s.dims[3];
     const Idx total = (Idx)s.dims[0] * d1 * d2 * d3 / V;
-    for (Idx iv = blockIdx.x * (Idx)blockDim.x + threadIdx.x; iv < total;
-         iv += (Idx)gridDim.x * blockDim.x) {
+    for (Idx iv = first; iv < total; iv += stride) {
         const Idx i = iv * V;
         int i0, i1, i2, i3;
         nn_unravel<Idx>(i, d1, d2, d3, i0, i1, i2, i3);
@@ -1861,14 +1886,16 @@ __device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s)
                                          (long long)i2 * st[2] + (long long)i3 * st[3];
                     if (st[3] == 0) {
                         // broadcast along the last axis (e.g. per channel): one load for all V
-                        const float u = nn_load(s.operand[ref], at, s.operand_half[ref]);
+                        const float u = CG ? nn_load_cg(s.operand[ref], at, s.operand_half[ref])
+                                           : nn_load(s.operand[ref], at, s.operand_half[ref]);
 #pragma unroll
                         for (int j = 0; j < V; j++)
                             v[k][j] = u;
                     } else {
 #pragma unroll
                         for (int j = 0; j < V; j++)
-                            v[k][j] = nn_load(s.operand[ref], at + (long long)j * st[3], s.operand_half[ref]);
+                            v[k][j] = CG ? nn_load_cg(s.operand[ref], at + (long long)j * st[3], s.operand_half[ref])
+                                         : nn_load(s.operand[ref], at + (long long)j * st[3], s.operand_half[ref]);
                     }
                 }
             }
@@ -1941,13 +1968,27 @@ extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
             nn_eltwise_affine_body<long long, NN_EW_AFFINE_VEC>(s);
     } else if (s.dims[3] % NN_EW_VEC == 0) {
         if (small)
-            nn_eltwise_body<unsigned int, NN_EW_VEC>(s);
+            nn_eltwise_body<unsigned int, NN_EW_VEC>(s, blockIdx.x * blockDim.x + threadIdx.x,
+                                                     gridDim.x * blockDim.x);
         else
-            nn_eltwise_body<long long, NN_EW_VEC>(s);
+            nn_eltwise_body<long long, NN_EW_VEC>(s, blockIdx.x * (long long)blockDim.x + threadIdx.x,
+                                                  (long long)gridDim.x * blockDim.x);
     } else if (small) {
-        nn_eltwise_body<unsigned int, 1>(s);
+        nn_eltwise_body<unsigned int, 1>(s, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
     } else {
-        nn_eltwise_body<long long, 1>(s);
+        nn_eltwise_body<long long, 1>(s, blockIdx.x * (long long)blockDim.x + threadIdx.x,
+                                      (long long)gridDim.x * blockDim.x);
+    }
+}
+
+// One value a thread of the block, each chain after the one before (a chain may read its
+// predecessor's output): the statistics were stored by this block, hence the loads through
+// L2. The host gives a tail only small chains off the affine paths (program::stat_chains).
+__device__ void nn_gram_tails(const NnMomentsGram* __restrict__ p)
+{
+    for (int k = 0; k < NN_GRAM_TAILS && p->tail[k]; k++) {
+        __syncthreads(); // the statistics (or the previous chain's values) are stored
+        nn_eltwise_body<unsigned int, 1, true>(*(const NnEltwise*)p->tail[k], threadIdx.x, blockDim.x);
     }
 }
 

@@ -481,6 +481,17 @@ fn programs_cover_every_stage() {
                     );
                     continue;
                 }
+                if p.stat_chain_stages.contains(&i) {
+                    // an elementwise chain over statistics, run by an earlier Gram launch
+                    assert!(
+                        p.launches
+                            .iter()
+                            .any(|l| l.kernel == Kernel::MomentsGram && l.stage < i),
+                        "{}: stage {i} left to a Gram launch that does not run before it",
+                        model.name()
+                    );
+                    continue;
+                }
                 if p.folded_stages.contains(&i) {
                     // a Resize, layout Transpose or affine chain folded into the
                     // neighbouring stage's tensor-core convolution
@@ -929,7 +940,7 @@ fn statistics_read_channels_last_tensors() {
 /// 16 channels at full resolution, when the fixture is here.
 #[test]
 fn modulated_normalizations_take_gram_moments() {
-    use gsttoonflow::cuda::neural::program::build;
+    use gsttoonflow::cuda::neural::program::{NnEltwise, NnMomentsGram, build};
     let mut models: Vec<(NeuralModel, usize)> = vec![
         (
             NeuralModel::from_bytes(&encode_model(&tiny_like()), "tiny_like").unwrap(),
@@ -973,6 +984,56 @@ fn modulated_normalizations_take_gram_moments() {
         );
         assert_eq!(grams, *expected, "{}", model.name());
         assert_eq!(fp16.gram_stages.len(), 2 * grams);
+        // the normalizations' sqrt(var + eps) chains are finished by the Gram launch's last
+        // block: no launch of their own, each in one Gram launch's tail, and with the fusion
+        // off they launch again
+        let chains = fp16.stat_chain_stages.len();
+        let tails: Vec<u64> = fp16
+            .launches
+            .iter()
+            .filter(|x| x.kernel == Kernel::MomentsGram)
+            .flat_map(|x| params::<NnMomentsGram>(&fp16, x).tail)
+            .filter(|&t| t != 0)
+            .collect();
+        assert_eq!(tails.len(), chains, "{}", model.name());
+        assert_eq!(
+            chains,
+            2 * grams,
+            "{}: x's and the convolution's",
+            model.name()
+        );
+        for &i in &fp16.stat_chain_stages {
+            assert!(fp16.launches.iter().all(|x| x.stage != i));
+            assert_eq!(
+                fp16.stage_outputs[i].len(),
+                1,
+                "stage {i} stores its output"
+            );
+            // the parameter block a tail points at writes that output
+            let y = fp16.stage_outputs[i][0].addr;
+            assert!(tails.iter().any(|&t| {
+                let at = t as usize;
+                let e: NnEltwise = bytemuck::pod_read_unaligned(
+                    &fp16.static_init[at..at + std::mem::size_of::<NnEltwise>()],
+                );
+                e.y == y
+            }));
+        }
+        let unchained = build(
+            &spec,
+            &Storage {
+                fusions: Fusions {
+                    stat_chains: false,
+                    ..Fusions::from_env()
+                },
+                ..Storage::uniform(spec.stage_count(), true)
+            },
+            0,
+            0,
+        )
+        .unwrap();
+        assert!(unchained.stat_chain_stages.is_empty());
+        assert_eq!(unchained.launches.len(), fp16.launches.len() + chains);
         assert_eq!(
             count(&no_mma, Kernel::MomentsGram) + count(&fp32, Kernel::MomentsGram),
             0

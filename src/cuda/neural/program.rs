@@ -49,6 +49,10 @@ pub const GRAM_CHANNELS: usize = 16;
 pub const GRAM_SUMS: usize = GRAM_CHANNELS * GRAM_CHANNELS + GRAM_CHANNELS;
 /// Warp steps of a Gram moments round (their loads in flight together).
 pub const GRAM_UNROLL: usize = 4;
+/// Elementwise chains over its statistics a Gram launch may finish (`stat_chains`), and the
+/// most values such a chain may write (its last block computes them).
+pub const GRAM_TAILS: usize = 2;
+pub const GRAM_TAIL_MAX_VALUES: usize = 1024;
 // a warp's channels-last staging (GRAM_UNROLL steps of 16 pixels x 32 bytes) reuses its sums'
 // shared memory (`nn_moments_gram`)
 const _: () = assert!(GRAM_UNROLL * 16 * 32 <= GRAM_SUMS * 8);
@@ -246,6 +250,9 @@ pub struct NnMomentsGram {
     pub y_state_mean: u64,
     pub y_state_var: u64,
     pub y_state_primed: u64,
+    /// Elementwise chains (`NnEltwise` blocks, 0 for none) over these statistics and
+    /// constants, run in order by the last block once the statistics are stored.
+    pub tail: [u64; GRAM_TAILS],
     pub hw: i64,
     pub c: i32,
     pub cout: i32,
@@ -361,6 +368,7 @@ pub fn header() -> String {
         Define::int("NN_GRAM_THREADS", GRAM_THREADS as i64),
         Define::int("NN_GRAM_SUMS", GRAM_SUMS as i64),
         Define::int("NN_GRAM_UNROLL", GRAM_UNROLL as i64),
+        Define::int("NN_GRAM_TAILS", GRAM_TAILS as i64),
         Define::int("NN_EW_AFFINE_VEC", EW_AFFINE_VEC as i64),
         Define::int("NN_EW_LAST_MAX", EW_LAST_MAX as i64),
         Define::int("NN_PRE_MAX", PRE_MAX as i64),
@@ -722,6 +730,10 @@ pub struct Fusions {
     /// that takes it through the NHWC gather (`half_input`): that convolution rounds it to
     /// fp16 as it stages it anyway. `TOONFLOW_NEURAL_HALF_INPUT=0` turns it off.
     pub half_input: bool,
+    /// Elementwise chains over the Gram moments' statistics alone (e.g. sqrt(var + eps))
+    /// computed by the Gram launch's last block instead of a launch each (`stat_chains`).
+    /// `TOONFLOW_NEURAL_STAT_CHAINS=0` turns it off.
+    pub stat_chains: bool,
 }
 
 impl Fusions {
@@ -739,6 +751,7 @@ impl Fusions {
         residual_pairs: true,
         tall_7x7: true,
         half_input: true,
+        stat_chains: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -754,6 +767,7 @@ impl Fusions {
         residual_pairs: false,
         tall_7x7: false,
         half_input: false,
+        stat_chains: false,
     };
 
     /// These fusions with every double-buffered gather single-buffered (a card whose
@@ -783,6 +797,7 @@ impl Fusions {
             residual_pairs: switch("TOONFLOW_NEURAL_RESIDUAL_PAIRS", true),
             tall_7x7: switch("TOONFLOW_NEURAL_TALL", true),
             half_input: switch("TOONFLOW_NEURAL_HALF_INPUT", true),
+            stat_chains: switch("TOONFLOW_NEURAL_STAT_CHAINS", true),
         }
     }
 }
@@ -839,6 +854,9 @@ pub struct Program {
     /// A 1x1 convolution and its output's normalization that the Gram moments of its input
     /// stand for (`gram_moments`: no launch, no stored output).
     pub gram_stages: Vec<usize>,
+    /// Elementwise chains over statistics that a Gram launch's last block computes
+    /// (`stat_chains`: no launch of their own; their outputs are stored as before).
+    pub stat_chain_stages: Vec<usize>,
 }
 
 fn aligned(b: u64) -> u64 {
@@ -1686,6 +1704,64 @@ fn gram_moments(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>)
     grams
 }
 
+/// Elementwise chains whose operands are a Gram launch's statistics (x's or the
+/// convolution's mean and variance) and constants alone, writing at most
+/// `GRAM_TAIL_MAX_VALUES` values (AnimeGANv3's sqrt(var + eps)): the launch's last block runs
+/// them once it has stored the statistics, `GRAM_TAILS` at most a launch. (chain stage, the
+/// Gram's `own` stage), in stage order.
+fn stat_chains(l: &Lowered, storage: &Storage, grams: &[Gram]) -> Vec<(usize, usize)> {
+    let mut chains: Vec<(usize, usize)> = Vec::new();
+    if !storage.fusions.stat_chains {
+        return chains;
+    }
+    let stat_outputs = |g: &Gram| -> Vec<&str> {
+        [g.own, g.norm]
+            .iter()
+            .flat_map(|&k| l.stages[k].outputs.iter().map(|o| o.as_str()))
+            .collect()
+    };
+    for (i, s) in l.stages.iter().enumerate() {
+        let [out] = s.outputs.as_slice() else {
+            continue;
+        };
+        if s.kind != StageKind::Elementwise
+            || *out == l.output
+            || l.shapes.get(out).is_none_or(|sh| {
+                sh.len() > 4 || sh.iter().product::<usize>() > GRAM_TAIL_MAX_VALUES
+            })
+        {
+            continue;
+        }
+        let within: Vec<&str> = s
+            .nodes
+            .iter()
+            .flat_map(|n| n.output.iter().map(|o| o.as_str()))
+            .collect();
+        let inputs: Vec<&str> = s
+            .nodes
+            .iter()
+            .flat_map(|n| n.input.iter().map(|v| v.as_str()))
+            .filter(|v| !v.is_empty() && !within.contains(v))
+            .collect();
+        for g in grams {
+            let stats = stat_outputs(g);
+            let reads_stats = inputs.iter().any(|v| stats.contains(v));
+            let rest_constant = inputs
+                .iter()
+                .all(|v| stats.contains(v) || const_floats(l, v).is_some());
+            if i > g.own
+                && reads_stats
+                && rest_constant
+                && chains.iter().filter(|c| c.1 == g.own).count() < GRAM_TAILS
+            {
+                chains.push((i, g.own));
+                break;
+            }
+        }
+    }
+    chains
+}
+
 /// Blocks of a Gram moments launch over `hw` pixels: about 16 warp steps of 32 pixels a warp.
 pub fn gram_blocks(hw: u64) -> u32 {
     hw.div_ceil(32 * 16 * (GRAM_THREADS as u64 / 32))
@@ -2106,6 +2182,11 @@ pub fn build(
         }
     }
     let grams = gram_moments(l, storage, &half_of);
+    let chains = stat_chains(l, storage, &grams);
+    for &(i, own) in &chains {
+        // written by the Gram launch at its own stage: the buffer is taken from there on
+        written_by.insert(l.stages[i].outputs[0].as_str(), own as u32);
+    }
     for g in &grams {
         not_stored.insert(l.stages[g.conv].outputs[0].as_str(), ());
     }
@@ -2302,6 +2383,9 @@ pub fn build(
     let mut blocks: Vec<Pending> = Vec::new();
     // elementwise stages folded into the next convolution's gather (`prologue_chain`)
     let mut prologue_stages: Vec<usize> = Vec::new();
+    // the statistics chains' parameter blocks, with the `own` stage of the Gram launch that
+    // runs each (`stat_chains`)
+    let mut tails: Vec<(usize, Vec<u8>)> = Vec::new();
     for (i, s) in l.stages.iter().enumerate() {
         let place = |places: &HashMap<String, Place>,
                      st: &mut Statics,
@@ -2371,6 +2455,7 @@ pub fn build(
                     y_state_mean,
                     y_state_var,
                     y_state_primed,
+                    tail: [0; GRAM_TAILS],
                     hw: hw as i64,
                     c: xs[1] as i32,
                     cout: l.shapes[&l.stages[g.conv].outputs[0]][1] as i32,
@@ -3140,13 +3225,17 @@ pub fn build(
                     // each block works out its coefficients first: fewer blocks, each looping
                     grid.0 = grid.0.min(EW_LAST_BLOCKS);
                 }
-                blocks.push((
-                    Kernel::Eltwise,
-                    bytemuck::bytes_of(&p).to_vec(),
-                    grid,
-                    (ELEMENTWISE_THREADS, 1, 1),
-                    i,
-                ));
+                match chains.iter().find(|c| c.0 == i) {
+                    // the Gram launch of stage `own` runs it (its last block)
+                    Some(&(_, own)) => tails.push((own, bytemuck::bytes_of(&p).to_vec())),
+                    None => blocks.push((
+                        Kernel::Eltwise,
+                        bytemuck::bytes_of(&p).to_vec(),
+                        grid,
+                        (ELEMENTWISE_THREADS, 1, 1),
+                        i,
+                    )),
+                }
             }
             StageKind::Op if folds.folded(i) => {
                 // folded into the neighbouring stage's convolution
@@ -3315,6 +3404,21 @@ pub fn build(
         }
     }
     let weight_bytes = st.bytes.len() as u64 - weights_start;
+    for (own, bytes) in tails {
+        let addr = st.put(&bytes);
+        let gram = blocks
+            .iter_mut()
+            .find(|b| b.0 == Kernel::MomentsGram && b.4 == own)
+            .expect("a statistics chain's Gram launch");
+        let mut g: NnMomentsGram = bytemuck::pod_read_unaligned(&gram.1);
+        let slot = g
+            .tail
+            .iter()
+            .position(|&t| t == 0)
+            .expect("GRAM_TAILS chains at most");
+        g.tail[slot] = addr;
+        gram.1 = bytemuck::bytes_of(&g).to_vec();
+    }
     let mut launches = Vec::with_capacity(blocks.len());
     for (kernel, bytes, grid, block, stage) in blocks {
         let params = st.put(&bytes);
@@ -3361,9 +3465,11 @@ pub fn build(
     folded_stages.sort_unstable();
     let mut gram_stages: Vec<usize> = grams.iter().flat_map(|g| [g.conv, g.norm]).collect();
     gram_stages.sort_unstable();
+    let stat_chain_stages = chains.iter().map(|c| c.0).collect();
     Ok(Program {
         folded_stages,
         gram_stages,
+        stat_chain_stages,
         stage_outputs,
         arena,
         static_bytes,
