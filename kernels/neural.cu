@@ -701,6 +701,47 @@ __device__ __forceinline__ void nn_tc_taps_fixed(unsigned int lane_addr, int col
     }
 }
 
+// nn_tc_taps_fixed for a warp of RPW consecutive output rows (stride 1): each tile row's A
+// fragments are loaded once and multiplied into every output row it reaches (tile row r
+// feeds row w through kernel row r - w). A row's products run in the order of
+// nn_tc_taps_fixed, so its sums are the same.
+template <typename F, int NT, int RPW>
+__device__ __forceinline__ void nn_tc_taps_rows(unsigned int lane_addr, int cols, const uint2* staged_b,
+                                                float (&acc)[RPW][2][NT][4])
+{
+    static_assert(RPW == 1 || F::s == 1, "rows of a stride-1 shape");
+#pragma unroll
+    for (int r = 0; r < F::kh + RPW - 1; r++) {
+#pragma unroll
+        for (int kx = 0; kx < F::kw_v; kx++) {
+            const unsigned int addr = lane_addr + (r * cols + kx * F::dw_v) * NN_TC_PIX * 2;
+            unsigned int a[2][4];
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3])
+                             : "r"(addr + m * 16 * NN_TC_PIX * 2));
+#pragma unroll
+            for (int w = 0; w < RPW; w++) {
+                const int ky = r - w;
+                if (ky < 0 || ky >= F::kh)
+                    continue;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    const uint2 b = staged_b[((ky * F::kw_v + kx) * NT + n) * 32];
+#pragma unroll
+                    for (int m = 0; m < 2; m++)
+                        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                            : "+f"(acc[w][m][n][0]), "+f"(acc[w][m][n][1]), "+f"(acc[w][m][n][2]),
+                              "+f"(acc[w][m][n][3])
+                            : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b.x), "r"(b.y));
+                }
+            }
+        }
+    }
+}
+
 // The general gather's products for one chunk: the taps in one flat loop over the tile (this
 // lane's ldmatrix address addr), the next tap's B fragments (this lane's from wt, tap_step
 // apart) loaded while this tap's A fragments and products are in flight (the loop is
@@ -764,7 +805,11 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // tall blocks, NN_TC_TALL_ROWS, share each tile row's gather among more outputs); the
     // others compile NN_TC_ROWS in
     constexpr bool tall = GATHER == NN_GATHER_TP_7X7 || GATHER == NN_GATHER_CL_PAIRED;
-    const int block_rows = tall ? (int)(blockDim.x >> 5) : NN_TC_ROWS;
+    // output rows a warp: the paired output convolution's warps take NN_TC_PAIRED_ROWS
+    // consecutive rows, so that each tile row's A fragments serve all of them
+    // (nn_tc_taps_rows); the host launches (rows / RPW) warps
+    constexpr int RPW = GATHER == NN_GATHER_CL_PAIRED ? NN_TC_PAIRED_ROWS : 1;
+    const int block_rows = (tall ? (int)(blockDim.x >> 5) : NN_TC_ROWS) * RPW;
     // the gathers that read channels-last inputs (nn_tc_fetch_nhwc)
     constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || (fixed && !packed);
     constexpr bool staged_resize = GATHER == NN_GATHER_CL_3X3_RS;
@@ -873,17 +918,20 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             patch_px = (hi_r - lo_r + 1) * patch_w;
         }
     }
-    float acc[2][NT][4];
+    // acc[r]: the warp's output row r (of RPW)
+    float acc[RPW][2][NT][4];
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+    for (int r = 0; r < RPW; r++)
 #pragma unroll
-        for (int n = 0; n < NT; n++)
-            acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                acc[r][m][n][0] = acc[r][m][n][1] = acc[r][m][n][2] = acc[r][m][n][3] = 0.0f;
     // this lane's ldmatrix row: pixel (lane & 15) of an m-tile, channels 0-7 or 8-15; the
     // byte steps between taps and m-tiles
     const unsigned int lane_addr =
         nn_smem_addr(tile) +
-        (unsigned int)(((warp * (fixed ? F::s : p->sh) * cols + (lane & 15) * (fixed ? F::s : p->sw)) * NN_TC_PIX + (lane >> 4) * 8) * 2);
+        (unsigned int)(((warp * RPW * (fixed ? F::s : p->sh) * cols + (lane & 15) * (fixed ? F::s : p->sw)) * NN_TC_PIX + (lane >> 4) * 8) * 2);
     const unsigned int m_step = 16 * p->sw * NN_TC_PIX * 2;
     const unsigned int kx_step = dw_v * NN_TC_PIX * 2;
     const unsigned int ky_step = p->dh * cols * NN_TC_PIX * 2;
@@ -1010,14 +1058,16 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         }
         __syncthreads();
         const unsigned int addr = lane_addr + (piped ? buf : 0) * npx * NN_TC_PIX * 2;
-        if (fixed)
-            nn_tc_taps_fixed<F, NT>(addr, cols, (const uint2*)(smem + buf * b_halves) + lane, acc);
+        if (RPW > 1)
+            nn_tc_taps_rows<F, NT, RPW>(addr, cols, (const uint2*)(smem + buf * b_halves) + lane, acc);
+        else if (fixed)
+            nn_tc_taps_fixed<F, NT>(addr, cols, (const uint2*)(smem + buf * b_halves) + lane, acc[0]);
         else
             nn_tc_taps_general<NT>(addr, wf + ((long long)kc * p->n_tiles + nt0) * 32 + lane, taps, kw_v,
-                                   m_step, kx_step, ky_step, tap_step, ntn, acc);
+                                   m_step, kx_step, ky_step, tap_step, ntn, acc[0]);
     }
     typename O::T* __restrict__ y = (typename O::T*)p->y;
-    const int oy = oy0 + warp;
+    const int oy = oy0 + warp * RPW;
     if (oy >= p->oh)
         return;
     // the epilogue's parameters, read once (stores through y would otherwise make the
@@ -1038,44 +1088,50 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         // output q = E[q] (this lane's columns 0-3) + O[q + 1] (columns 4-7 of row q + 1: lane
         // g + 1's, or for row 8 lane 0's upper half, for row 16 the next m-tile's lane 0)
         const int src = (((g + 1) & 7) << 2) | (t | 2);
-        float o[2][4];
-#pragma unroll
-        for (int m = 0; m < 2; m++)
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                o[m][k] = __shfl_sync(0xffffffffu, acc[m][0][k], src);
         const int oc0 = 2 * t;
-        if (t >= 2 || oc0 >= cout)
-            return;
         const float2 bias = nn_bias_pair(bias_of, oc0, cout);
-        float vals[2][4];
 #pragma unroll
-        for (int m = 0; m < 2; m++)
+        for (int w = 0; w < RPW; w++) {
+            if (oy + w >= p->oh) // (the same for the whole warp)
+                return;
+            const long long row_w = (long long)(oy + w) * p->y_rs;
+            float o[2][4];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int r = k >> 1, j = k & 1;
-                const float on = g < 7 ? o[m][k] : r == 0 ? o[m][2 + j] : o[1][j];
-                vals[m][k] = acc[m][0][k] + on + (j ? bias.y : bias.x);
-            }
-        nn_activate_n<8>(&vals[0][0], act, act_a, act_b);
+            for (int m = 0; m < 2; m++)
 #pragma unroll
-        for (int m = 0; m < 2; m++)
+                for (int k = 0; k < 4; k++)
+                    o[m][k] = __shfl_sync(0xffffffffu, acc[w][m][0][k], src);
+            if (t >= 2 || oc0 >= cout)
+                continue;
+            float vals[2][4];
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int q = m * 16 + g + 8 * r;
-                const int ox = ox0 + q;
-                if (q == 31 || ox >= ow) // row 31's O is the next block's
-                    continue;
+            for (int m = 0; m < 2; m++)
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    if (oc0 + j >= cout)
-                        continue;
-                    float v = vals[m][2 * r + j];
-                    if (y_round)
-                        v = half_bits_to_float(float_to_half_bits(v));
-                    O::store(y, (long long)(oc0 + j) * y_cs + row + (long long)ox * y_ps, v);
+                for (int k = 0; k < 4; k++) {
+                    const int r = k >> 1, j = k & 1;
+                    const float on = g < 7 ? o[m][k] : r == 0 ? o[m][2 + j] : o[1][j];
+                    vals[m][k] = acc[w][m][0][k] + on + (j ? bias.y : bias.x);
                 }
-            }
+            nn_activate_n<8>(&vals[0][0], act, act_a, act_b);
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int q = m * 16 + g + 8 * r;
+                    const int ox = ox0 + q;
+                    if (q == 31 || ox >= ow) // row 31's O is the next block's
+                        continue;
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        if (oc0 + j >= cout)
+                            continue;
+                        float v = vals[m][2 * r + j];
+                        if (y_round)
+                            v = half_bits_to_float(float_to_half_bits(v));
+                        O::store(y, (long long)(oc0 + j) * y_cs + row_w + (long long)ox * y_ps, v);
+                    }
+                }
+        }
         return;
     }
     const bool pairs = RES_PAIRS || (sizeof(typename O::T) == 2 && y_cs == 1 && !res && (cout & 1) == 0);
@@ -1094,7 +1150,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         for (int m = 0; m < 2; m++)
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                vals[m][k] = acc[m][n][k] + (k & 1 ? bias.y : bias.x);
+                vals[m][k] = acc[0][m][n][k] + (k & 1 ? bias.y : bias.x);
         if (NT <= 2)
             nn_activate_n<8>(&vals[0][0], act, act_a, act_b);
 #pragma unroll

@@ -753,7 +753,12 @@ fn tensor_core_chains_store_channels_last() {
                     assert!(fixed_shape_matches(gather, &c, nt), "{:?}", l.kernel);
                     assert_eq!(
                         l.shared,
-                        conv_shared_bytes_rows(gather, nt, &c, l.block.0 / 32)
+                        conv_shared_bytes_rows(
+                            gather,
+                            nt,
+                            &c,
+                            l.block.0 / 32 * gather.rows_per_warp()
+                        )
                     );
                     assert!(l.shared <= 48 * 1024, "{:?}: {} bytes", l.kernel, l.shared);
                 }
@@ -1672,9 +1677,10 @@ fn residual_pairs_are_planned_for_two_tile_3x3_layers() {
     }
 }
 
-/// The 7x7 kernels (the stem, the paired output convolution) run `TC_TALL_ROWS` rows a block
+/// The 7x7 kernels (the stem, the paired output convolution) run `TC_TALL_ROWS` warps a block
 /// (no GPU needed to plan): on tiny_16 and the real tiny (when here) at 1920x1088 every 7x7
-/// tensor-core launch has eight warps and a grid of that many rows a block, within the shared
+/// tensor-core launch has eight warps and a grid of that many warps' rows a block (the paired
+/// convolution's warps take `TC_PAIRED_ROWS` rows each), within the shared
 /// memory the kernels are opted in to; no other launch changes; with the switch off every
 /// tensor-core launch has four warps.
 #[test]
@@ -1708,14 +1714,16 @@ fn seven_by_seven_kernels_run_tall_blocks() {
             };
             let c: gsttoonflow::cuda::neural::program::NnConv = params(&tall, a);
             assert_eq!(b.block.0, 32 * TC_ROWS, "{:?}", b.kernel);
+            // (the paired convolution's warps take several rows each, in either block)
+            let per_warp = gather.rows_per_warp();
             if gather.tall() {
                 tall_launches += 1;
-                assert_eq!(b.grid.1, (c.oh as u32).div_ceil(TC_ROWS));
+                assert_eq!(b.grid.1, (c.oh as u32).div_ceil(TC_ROWS * per_warp));
                 assert_eq!(a.block.0, 32 * TC_TALL_ROWS, "{:?}", a.kernel);
-                assert_eq!(a.grid.1, (c.oh as u32).div_ceil(TC_TALL_ROWS));
+                assert_eq!(a.grid.1, (c.oh as u32).div_ceil(TC_TALL_ROWS * per_warp));
                 assert_eq!(
                     a.shared,
-                    conv_shared_bytes_rows(gather, nt, &c, TC_TALL_ROWS)
+                    conv_shared_bytes_rows(gather, nt, &c, TC_TALL_ROWS * per_warp)
                 );
                 assert!(a.shared <= TC_SHARED_OPT_IN && a.shared > b.shared);
             } else {

@@ -33,6 +33,8 @@ pub const TC_ROWS: u32 = 4;
 /// `Fusions::tall_7x7` allows: the tile's six halo rows are gathered once for eight rows of
 /// outputs, not for four.
 pub const TC_TALL_ROWS: u32 = 8;
+/// Output rows a warp of the paired output convolution (`MmaGather::rows_per_warp`).
+pub const TC_PAIRED_ROWS: u32 = 2;
 pub const TC_COLS: u32 = 32;
 pub const MMA_NT: u32 = 8;
 /// Blocks below which a tensor-core launch splits its output channels over more blocks (about
@@ -363,6 +365,7 @@ pub fn header() -> String {
         Define::int("NN_CONV_OCB", CONV_OCB as i64),
         Define::int("NN_TC_ROWS", TC_ROWS as i64),
         Define::int("NN_TC_TALL_ROWS", TC_TALL_ROWS as i64),
+        Define::int("NN_TC_PAIRED_ROWS", TC_PAIRED_ROWS as i64),
         Define::int("NN_TC_COLS", TC_COLS as i64),
         Define::int("NN_EW_VEC", EW_VEC as i64),
         Define::int("NN_GRAM_THREADS", GRAM_THREADS as i64),
@@ -459,6 +462,16 @@ impl MmaGather {
             MmaGather::TapPacked7x7 => 7 * 2,
             MmaGather::ChannelsLastPaired => 7 * 4,
             _ => 0,
+        }
+    }
+
+    /// Output rows each warp computes: the paired output convolution's warps take
+    /// `TC_PAIRED_ROWS` consecutive rows and load each tile row's A fragments once for all of
+    /// them (a 7x7 kernel loads each tile row for seven output rows); the others one.
+    pub const fn rows_per_warp(self) -> u32 {
+        match self {
+            MmaGather::ChannelsLastPaired => TC_PAIRED_ROWS,
+            _ => 1,
         }
     }
 
@@ -2908,19 +2921,28 @@ pub fn build(
                         None => (ys[2] as u32, 1),
                     };
                     // a 7x7 kernel's tall blocks, where unbanded (a band's rows are a multiple of
-                    // TC_ROWS only) and within the shared memory the kernels are opted in to
-                    let block_rows = match kernel {
+                    // TC_ROWS only) and within the shared memory the kernels are opted in to;
+                    // a block's output rows are its warps' (the paired convolution's warps take
+                    // several each: it never runs in bands, its output has fewer channels than
+                    // its input)
+                    let per_warp = match kernel {
+                        Kernel::ConvMma(_, _, g) => g.rows_per_warp(),
+                        _ => 1,
+                    };
+                    let warps = match kernel {
                         Kernel::ConvMma(_, nt, g)
                             if g.tall()
                                 && storage.fusions.tall_7x7
                                 && count == 1
-                                && conv_shared_bytes_rows(g, nt, &p, TC_TALL_ROWS)
+                                && conv_shared_bytes_rows(g, nt, &p, TC_TALL_ROWS * per_warp)
                                     <= TC_SHARED_OPT_IN =>
                         {
                             TC_TALL_ROWS
                         }
                         _ => TC_ROWS,
                     };
+                    debug_assert!(count == 1 || per_warp == 1, "a banded multi-row launch");
+                    let block_rows = warps * per_warp;
                     // bottom band first: each band's output rows (lag rows down) land only on
                     // input rows that it and the bands above it have read
                     for k in (0..count).rev() {
@@ -2934,7 +2956,7 @@ pub fn build(
                             kernel,
                             bytemuck::bytes_of(&p).to_vec(),
                             (gx, band_rows.div_ceil(block_rows), gz),
-                            (32 * block_rows, 1, 1),
+                            (32 * warps, 1, 1),
                             i,
                         ));
                     }
@@ -3429,7 +3451,7 @@ pub fn build(
                     fixed_shape_matches(gather, &p, nt),
                     "{kernel:?} launched for a shape it does not compile in"
                 );
-                conv_shared_bytes_rows(gather, nt, &p, block.0 / 32)
+                conv_shared_bytes_rows(gather, nt, &p, block.0 / 32 * gather.rows_per_warp())
             }
             _ => 0,
         };
