@@ -628,6 +628,9 @@ struct NnFixedShape<NN_GATHER_TP_7X7> : NnShape<7, 2, 4, 4, 1> {};
 #define NN_TC_BOUNDS(NT) __launch_bounds__(32 * NN_TC_ROWS, (NT) <= 2 ? 8 : 1)
 // The 7x7 kernels run NN_TC_ROWS or NN_TC_TALL_ROWS warps a block, held to the same registers.
 #define NN_TC_TALL_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 8 * NN_TC_ROWS / NN_TC_TALL_ROWS : 1)
+// The stem's warps hold NN_TC_STEM_ROWS rows of accumulators: three blocks a multiprocessor
+// (its tile's shared memory allows no more), 85 registers, no spills
+#define NN_TC_STEM_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 3 : 1)
 
 // One 16-byte cp.async (global -> shared, cached in L2 only: a tile pixel is read again by the
 // neighbouring blocks, not by this one).
@@ -808,7 +811,9 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // output rows a warp: the paired output convolution's warps take NN_TC_PAIRED_ROWS
     // consecutive rows, so that each tile row's A fragments serve all of them
     // (nn_tc_taps_rows); the host launches (rows / RPW) warps
-    constexpr int RPW = GATHER == NN_GATHER_CL_PAIRED ? NN_TC_PAIRED_ROWS : 1;
+    constexpr int RPW = GATHER == NN_GATHER_CL_PAIRED ? NN_TC_PAIRED_ROWS
+                        : GATHER == NN_GATHER_TP_7X7  ? NN_TC_STEM_ROWS
+                                                      : 1;
     const int block_rows = (tall ? (int)(blockDim.x >> 5) : NN_TC_ROWS) * RPW;
     // the gathers that read channels-last inputs (nn_tc_fetch_nhwc)
     constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || (fixed && !packed);
@@ -1081,7 +1086,6 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // the activation that ends a folded residual Add's stage, applied to the sum
     const int res_act = p->res_act;
     const float res_act_a = p->res_act_a, res_act_b = p->res_act_b;
-    const long long row = (long long)oy * p->y_rs;
     // channels-last fp16 output with an even channel count: a lane's two channels of a pixel
     // are adjacent, one 4-byte store
     if (paired) {
@@ -1136,6 +1140,11 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     }
     const bool pairs = RES_PAIRS || (sizeof(typename O::T) == 2 && y_cs == 1 && !res && (cout & 1) == 0);
 #pragma unroll
+    for (int w = 0; w < RPW; w++) {
+    if (oy + w >= p->oh)
+        return;
+    const long long row = (long long)(oy + w) * p->y_rs;
+#pragma unroll
     for (int n = 0; n < NT; n++) {
         if (n >= ntn)
             continue;
@@ -1150,7 +1159,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         for (int m = 0; m < 2; m++)
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                vals[m][k] = acc[0][m][n][k] + (k & 1 ? bias.y : bias.x);
+                vals[m][k] = acc[w][m][n][k] + (k & 1 ? bias.y : bias.x);
         if (NT <= 2)
             nn_activate_n<8>(&vals[0][0], act, act_a, act_b);
 #pragma unroll
@@ -1194,6 +1203,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
             }
         }
     }
+    }
 #endif
 }
 
@@ -1231,9 +1241,9 @@ extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3_RS>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3_S2>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3s2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_S2>(p); }
-extern "C" __global__ void NN_TC_TALL_BOUNDS(1) nn_conv_mma_hh_1_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TP_7X7>(p); }
-extern "C" __global__ void NN_TC_TALL_BOUNDS(2) nn_conv_mma_hh_2_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TP_7X7>(p); }
-extern "C" __global__ void NN_TC_TALL_BOUNDS(4) nn_conv_mma_hh_4_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TP_7X7>(p); }
+extern "C" __global__ void NN_TC_STEM_BOUNDS(1) nn_conv_mma_hh_1_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_TP_7X7>(p); }
+extern "C" __global__ void NN_TC_STEM_BOUNDS(2) nn_conv_mma_hh_2_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TP_7X7>(p); }
+extern "C" __global__ void NN_TC_STEM_BOUNDS(4) nn_conv_mma_hh_4_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TP_7X7>(p); }
 extern "C" __global__ void NN_TC_TALL_BOUNDS(1) nn_conv_mma_hf_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CL_PAIRED>(p); }
 extern "C" __global__ void NN_TC_TALL_BOUNDS(1) nn_conv_mma_hh_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_PAIRED>(p); }
 

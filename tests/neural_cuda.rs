@@ -760,7 +760,13 @@ fn tensor_core_chains_store_channels_last() {
                             l.block.0 / 32 * gather.rows_per_warp()
                         )
                     );
-                    assert!(l.shared <= 48 * 1024, "{:?}: {} bytes", l.kernel, l.shared);
+                    // (the tall 7x7 blocks may take what the kernels are opted in to)
+                    let most = if gather.tall() {
+                        gsttoonflow::cuda::neural::program::TC_SHARED_OPT_IN
+                    } else {
+                        48 * 1024
+                    };
+                    assert!(l.shared <= most, "{:?}: {} bytes", l.kernel, l.shared);
                 }
             }
             let cl_values: Vec<(usize, u32)> = p

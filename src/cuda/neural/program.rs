@@ -33,8 +33,10 @@ pub const TC_ROWS: u32 = 4;
 /// `Fusions::tall_7x7` allows: the tile's six halo rows are gathered once for eight rows of
 /// outputs, not for four.
 pub const TC_TALL_ROWS: u32 = 8;
-/// Output rows a warp of the paired output convolution (`MmaGather::rows_per_warp`).
+/// Output rows a warp of the paired output convolution and of the 7x7 stem
+/// (`MmaGather::rows_per_warp`).
 pub const TC_PAIRED_ROWS: u32 = 2;
+pub const TC_STEM_ROWS: u32 = 2;
 pub const TC_COLS: u32 = 32;
 pub const MMA_NT: u32 = 8;
 /// Blocks below which a tensor-core launch splits its output channels over more blocks (about
@@ -366,6 +368,7 @@ pub fn header() -> String {
         Define::int("NN_TC_ROWS", TC_ROWS as i64),
         Define::int("NN_TC_TALL_ROWS", TC_TALL_ROWS as i64),
         Define::int("NN_TC_PAIRED_ROWS", TC_PAIRED_ROWS as i64),
+        Define::int("NN_TC_STEM_ROWS", TC_STEM_ROWS as i64),
         Define::int("NN_TC_COLS", TC_COLS as i64),
         Define::int("NN_EW_VEC", EW_VEC as i64),
         Define::int("NN_GRAM_THREADS", GRAM_THREADS as i64),
@@ -471,6 +474,7 @@ impl MmaGather {
     pub const fn rows_per_warp(self) -> u32 {
         match self {
             MmaGather::ChannelsLastPaired => TC_PAIRED_ROWS,
+            MmaGather::TapPacked7x7 => TC_STEM_ROWS,
             _ => 1,
         }
     }
