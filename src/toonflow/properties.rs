@@ -133,7 +133,7 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
         row!(cuda_graph => boolean("cuda-graph", "CUDA graph", "Replay each frame's kernels as a captured CUDA graph (false = launch them one by one)", DEFAULT_CUDA_GRAPH)),
         row!(overlap => glib::ParamSpecBoolean::builder("overlap")
             .nick("Overlap frames")
-            .blurb("With system memory on both pads and the classic pipeline or the network (model=, after an fp16 stream's calibrating first frame, without model-edges) on CUDA, upload a frame while the previous one's kernels and download run and push each frame from a second thread once its own download completes: more frames per second (classic pipeline +35-72% at 1080p on the H200, AnimeGANv3 tiny +12% on an H100, 701-716 fps at 1080p), ~25 µs more per frame below capacity, and a source that outruns the element queues its frames here instead of upstream (docs/benchmark.md); false = one frame at a time. Read at start")
+            .blurb("With system memory on both pads and the classic pipeline or the network (model=, after an fp16 stream's calibrating first frame, without model-edges) on CUDA, upload a frame while the previous one's kernels and download run and push each frame from a second thread once its own download completes: more frames per second (classic pipeline +35-72% at 1080p on the H200, AnimeGANv3 tiny +12% on an H100, up to 757 fps at 1080p), ~25 µs more per frame below capacity, and a source that outruns the element queues its frames here instead of upstream (docs/benchmark.md); false = one frame at a time. Read at start")
             .default_value(DEFAULT_OVERLAP)
             .mutable_ready()
             .build()),
