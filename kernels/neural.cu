@@ -2047,9 +2047,10 @@ extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
     }
 }
 
-// One value a thread of the block, each chain after the one before (a chain may read its
-// predecessor's output): the statistics were stored by this block, hence the loads through
-// L2. The host gives a tail only small chains off the affine paths (program::stat_chains).
+// One value a thread of the block, one chain after the other: the statistics were stored by
+// this block, hence the loads through L2. The host gives a tail only small chains over
+// statistics and constants that the launched kernel would run through this same plain
+// interpreter (program::stat_chains and its caller).
 __device__ void nn_gram_tails(const NnMomentsGram* __restrict__ p)
 {
     for (int k = 0; k < NN_GRAM_TAILS && p->tail[k]; k++) {

@@ -327,6 +327,67 @@ fn the_stats_hook_sees_and_changes_the_statistics_as_on_the_cpu() {
     }
 }
 
+/// In fp16 the Gram launch also computes the chains over its statistics
+/// (`Fusions::stat_chains`); a hook that changes those statistics after it must reach them
+/// too: the output with the hook is the same, bit for bit, as with the chains launched on
+/// their own after it, and not the output without the hook.
+#[test]
+fn the_stats_hook_reaches_the_chains_the_gram_launch_runs() {
+    need_gpu!();
+    let mut chained = 0;
+    for (model, w, h) in generated() {
+        let spec = model.specialise(h, w).unwrap();
+        let input = random_input(&spec, 5);
+        let run = |fusions: Fusions, hooked: bool| {
+            let mut g = gpu_with(&spec, true, false, true, fusions);
+            let chains = g.program().stat_chains.len();
+            let mut out = Tensor::zeros(&input.shape);
+            let mut calls = Vec::new();
+            let mut hook = |_: usize, mean: &mut [f32], var: &mut [f32]| {
+                if hooked {
+                    change_stats(&mut calls, mean, var)
+                }
+            };
+            g.run_with_hook(&input, &mut out, &mut hook).unwrap();
+            (out, chains)
+        };
+        let (with, chains) = run(Fusions::from_env(), true);
+        let (launched, none) = run(
+            Fusions {
+                stat_chains: false,
+                ..Fusions::from_env()
+            },
+            true,
+        );
+        let (plain, _) = run(Fusions::from_env(), false);
+        assert_eq!(none, 0);
+        println!(
+            "{}: {chains} statistics chains in Gram launches; with the hook {} against launched",
+            model.name(),
+            if with.data == launched.data {
+                "the same"
+            } else {
+                "different"
+            }
+        );
+        assert!(
+            with.data
+                .iter()
+                .zip(&launched.data)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: the hook did not reach the chains",
+            model.name()
+        );
+        assert!(
+            max_abs(&plain, &with) > 0.0,
+            "{}: the hook changed nothing",
+            model.name()
+        );
+        chained += chains;
+    }
+    assert!(chained > 0, "no generated model has statistics chains");
+}
+
 #[test]
 fn the_device_smoother_follows_the_cpu_stat_smoother() {
     need_gpu!();
@@ -1745,10 +1806,11 @@ fn seven_by_seven_kernels_run_tall_blocks() {
     }
 }
 
-/// A tall block computes each output as a four-row block does (the same taps in the same
-/// order): the same bits, on tiny_16 and the real tiny (when here) at 1920x1088 and 640x368.
-/// (These networks take heights in multiples of 8, so no tall block here is cut short; one
-/// that is computes its rows past the output from zero padding and stores none of them.)
+/// A tall block (eight warps) computes each output as a short one (four warps) does, the same
+/// taps in the same order: the same bits, on tiny_16 and the real tiny (when here) at
+/// 1920x1088 and 640x368. (Both take two rows a warp in the 7x7 kernels; these heights are
+/// multiples of 16, so no block here is cut short: hayao_like's 72 rows in the other GPU tests
+/// are.)
 #[test]
 fn tall_7x7_blocks_keep_the_bits() {
     need_gpu!();

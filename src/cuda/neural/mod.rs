@@ -370,22 +370,27 @@ impl NeuralGpu {
 
     fn enqueue_range(&self, from: usize, to: usize) -> Result<(), CudaError> {
         for l in &self.program.launches[from..to] {
-            let cfg = LaunchConfig {
-                grid_dim: l.grid,
-                block_dim: l.block,
-                shared_mem_bytes: l.shared,
-            };
-            // SAFETY: every kernel of neural.cu takes one pointer to its parameter block, which
-            // `program::build` wrote into the static block at `l.params` with the addresses of
-            // this executor's arena and static block (both outlive the launches and any graph
-            // captured from them); the kernels bound-check their index spaces.
-            unsafe {
-                self.stream
-                    .launch_builder(self.kernels.get(l.kernel))
-                    .arg(&l.params)
-                    .launch(cfg)
-                    .map_err(driver(l.kernel.name()))?;
-            }
+            self.enqueue(l)?;
+        }
+        Ok(())
+    }
+
+    fn enqueue(&self, l: &program::Launch) -> Result<(), CudaError> {
+        let cfg = LaunchConfig {
+            grid_dim: l.grid,
+            block_dim: l.block,
+            shared_mem_bytes: l.shared,
+        };
+        // SAFETY: every kernel of neural.cu takes one pointer to its parameter block, which
+        // `program::build` wrote into the static block at `l.params` with the addresses of
+        // this executor's arena and static block (both outlive the launches and any graph
+        // captured from them); the kernels bound-check their index spaces.
+        unsafe {
+            self.stream
+                .launch_builder(self.kernels.get(l.kernel))
+                .arg(&l.params)
+                .launch(cfg)
+                .map_err(driver(l.kernel.name()))?;
         }
         Ok(())
     }
@@ -750,6 +755,17 @@ impl NeuralGpu {
                         .map_err(driver("statistics upload"))?;
                     copy_h2d(s, var.as_ptr() as *const u8, sp.var, 4 * sp.channels)
                         .map_err(driver("statistics upload"))?;
+                }
+                // the chains a Gram launch already ran over these statistics
+                // (`program::stat_chains`) run again over the changed ones
+                let ran = &self.program.launches[..from];
+                for (gram, chain) in &self.program.stat_chains {
+                    if ran
+                        .iter()
+                        .any(|l| l.kernel == Kernel::MomentsGram && l.stage == *gram)
+                    {
+                        self.enqueue(chain)?;
+                    }
                 }
                 self.synchronize()?;
             }

@@ -874,6 +874,10 @@ pub struct Program {
     /// Elementwise chains over statistics that a Gram launch's last block computes
     /// (`stat_chains`: no launch of their own; their outputs are stored as before).
     pub stat_chain_stages: Vec<usize>,
+    /// Those chains as launches of their own (the stage of the Gram launch that runs each,
+    /// the launch), for a run that changes the statistics after that launch
+    /// (`NeuralGpu::run_with_hook`).
+    pub stat_chains: Vec<(usize, Launch)>,
 }
 
 fn aligned(b: u64) -> u64 {
@@ -891,6 +895,9 @@ fn unsupported(stage: usize, s: &Stage, what: impl AsRef<str>) -> NeuralError {
 
 /// A launch before its parameter block is placed: (kernel, block bytes, grid, block, stage).
 type Pending = (Kernel, Vec<u8>, (u32, u32, u32), (u32, u32, u32), usize);
+/// A statistics chain for a Gram launch's tail: (the Gram's stage, the chain's stage, its
+/// parameter block, its grid as a launch of its own).
+type StatChainTail = (usize, usize, Vec<u8>, (u32, u32, u32));
 
 /// The static block as it is written.
 struct Statics {
@@ -1042,7 +1049,7 @@ fn tc_shared_bytes(
 /// tap-packed keeps a separable table instead (rows + columns entries of 4 bytes, then as many
 /// 16-byte Resize tap copies), which lets more blocks share a multiprocessor.
 pub fn conv_shared_bytes(gather: MmaGather, nt: u8, p: &NnConv) -> u32 {
-    conv_shared_bytes_rows(gather, nt, p, TC_ROWS)
+    conv_shared_bytes_rows(gather, nt, p, TC_ROWS * gather.rows_per_warp())
 }
 
 /// `conv_shared_bytes` for a block of `block_rows` output rows (a tall 7x7 launch).
@@ -2402,7 +2409,7 @@ pub fn build(
     let mut prologue_stages: Vec<usize> = Vec::new();
     // the statistics chains' parameter blocks, with the `own` stage of the Gram launch that
     // runs each (`stat_chains`)
-    let mut tails: Vec<(usize, Vec<u8>)> = Vec::new();
+    let mut tails: Vec<StatChainTail> = Vec::new();
     for (i, s) in l.stages.iter().enumerate() {
         let place = |places: &HashMap<String, Place>,
                      st: &mut Statics,
@@ -2945,7 +2952,15 @@ pub fn build(
                         }
                         _ => TC_ROWS,
                     };
-                    debug_assert!(count == 1 || per_warp == 1, "a banded multi-row launch");
+                    if count > 1 && per_warp > 1 {
+                        // a band's rows are a multiple of TC_ROWS only: the last block of a band
+                        // would compute rows of the next one while it reads them
+                        return Err(unsupported(
+                            i,
+                            s,
+                            "a banded convolution whose warps take several rows",
+                        ));
+                    }
                     let block_rows = warps * per_warp;
                     // bottom band first: each band's output rows (lag rows down) land only on
                     // input rows that it and the bands above it have read
@@ -3252,9 +3267,13 @@ pub fn build(
                     grid.0 = grid.0.min(EW_LAST_BLOCKS);
                 }
                 match chains.iter().find(|c| c.0 == i) {
-                    // the Gram launch of stage `own` runs it (its last block)
-                    Some(&(_, own)) => tails.push((own, bytemuck::bytes_of(&p).to_vec())),
-                    None => blocks.push((
+                    // the Gram launch of stage `own` runs it (its last block, through the
+                    // plain interpreter: a chain the affine paths would take launches on its
+                    // own, its buffer merely taken earlier)
+                    Some(&(_, own)) if p.affine_x < 0 && p.affine_last == 0 => {
+                        tails.push((own, i, bytemuck::bytes_of(&p).to_vec(), grid))
+                    }
+                    _ => blocks.push((
                         Kernel::Eltwise,
                         bytemuck::bytes_of(&p).to_vec(),
                         grid,
@@ -3430,8 +3449,20 @@ pub fn build(
         }
     }
     let weight_bytes = st.bytes.len() as u64 - weights_start;
-    for (own, bytes) in tails {
+    let mut stat_chains = Vec::with_capacity(tails.len());
+    for (own, stage, bytes, grid) in tails {
         let addr = st.put(&bytes);
+        stat_chains.push((
+            own,
+            Launch {
+                kernel: Kernel::Eltwise,
+                params: addr,
+                grid,
+                block: (ELEMENTWISE_THREADS, 1, 1),
+                shared: 0,
+                stage,
+            },
+        ));
         let gram = blocks
             .iter_mut()
             .find(|b| b.0 == Kernel::MomentsGram && b.4 == own)
@@ -3491,11 +3522,12 @@ pub fn build(
     folded_stages.sort_unstable();
     let mut gram_stages: Vec<usize> = grams.iter().flat_map(|g| [g.conv, g.norm]).collect();
     gram_stages.sort_unstable();
-    let stat_chain_stages = chains.iter().map(|c| c.0).collect();
+    let stat_chain_stages = stat_chains.iter().map(|c| c.1.stage).collect();
     Ok(Program {
         folded_stages,
         gram_stages,
         stat_chain_stages,
+        stat_chains,
         stage_outputs,
         arena,
         static_bytes,
@@ -3830,9 +3862,14 @@ mod tests {
             .filter_map(|line| line.strip_prefix("extern \"C\" __global__ void "))
             // a declaration may carry __launch_bounds__(...) or a macro of it before the name
             .map(|rest| {
-                match ["__launch_bounds__(", "NN_TC_BOUNDS(", "NN_TC_TALL_BOUNDS("]
-                    .iter()
-                    .find_map(|b| rest.strip_prefix(b))
+                match [
+                    "__launch_bounds__(",
+                    "NN_TC_BOUNDS(",
+                    "NN_TC_TALL_BOUNDS(",
+                    "NN_TC_STEM_BOUNDS(",
+                ]
+                .iter()
+                .find_map(|b| rest.strip_prefix(b))
                 {
                     Some(bounded) => bounded.split_once(')').unwrap().1,
                     None => rest,
@@ -4021,8 +4058,9 @@ mod tests {
         );
         // fixed shapes that are not tap-packed keep the separable table: the 16-channel 3x3
         // with 2 tiles 6 x 34 x 48 + (10 + 40) x 16 + 9 x 2 x 256 bytes; the paired 7x7 output
-        // convolution 10 x 38 x 48 + (12 + 48) x 16 + 28 x 256, so that eight blocks (its
-        // 64-register bound) fit a multiprocessor's 228 KiB with their 1 KiB reserve each
+        // convolution in a short block (four warps of two rows) 14 x 38 x 48 + (13 + 52) x 16
+        // + 28 x 256, so that six blocks fit a multiprocessor's 228 KiB with their 1 KiB
+        // reserve each
         let conv = |k: i32, s: i32, pack: i32, cin: i32| NnConv {
             kh: k,
             kw: k,
@@ -4038,8 +4076,8 @@ mod tests {
         let c3 = conv_shared_bytes(MmaGather::ChannelsLast3x3, 2, &conv(3, 1, 1, 16));
         assert_eq!(c3, 6 * 34 * 48 + (10 + 40) * 16 + 9 * 2 * 256);
         let cp = conv_shared_bytes(MmaGather::ChannelsLastPaired, 1, &conv(7, 1, 1, 16));
-        assert_eq!(cp, 10 * 38 * 48 + (12 + 48) * 16 + 28 * 256);
-        assert!(8 * (cp + 1024) <= 228 * 1024);
+        assert_eq!(cp, 14 * 38 * 48 + (13 + 52) * 16 + 28 * 256);
+        assert!(6 * (cp + 1024) <= 228 * 1024);
         // double-buffered (`NnConv::stages`): two tiles and two B stages, one table; at eight
         // tiles past 48 KiB, within the opt-in bound with a prologue chain's coefficients
         let piped = |nt: u8| {
