@@ -677,37 +677,11 @@ __device__ __forceinline__ void nn_tc_issue_chunk(const NnConv* __restrict__ p, 
 }
 
 // A fixed-shape block's products for one chunk: the unrolled tap loop over its tile (this
-// lane's ldmatrix address lane_addr) and its staged B fragments (this lane's at staged_b).
-template <typename F, int NT>
-__device__ __forceinline__ void nn_tc_taps_fixed(unsigned int lane_addr, int cols, const uint2* staged_b,
-                                                 float (&acc)[2][NT][4])
-{
-#pragma unroll
-    for (int tap = 0; tap < F::kh * F::kw_v; tap++) {
-        const unsigned int addr = lane_addr + ((tap / F::kw_v) * cols + (tap % F::kw_v) * F::dw_v) * NN_TC_PIX * 2;
-        unsigned int a[2][4];
-#pragma unroll
-        for (int m = 0; m < 2; m++)
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3])
-                         : "r"(addr + m * 16 * F::s * NN_TC_PIX * 2));
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            const uint2 b = staged_b[(tap * NT + n) * 32];
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-                asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                    : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])
-                    : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b.x), "r"(b.y));
-        }
-    }
-}
-
-// nn_tc_taps_fixed for a warp of RPW consecutive output rows (stride 1): each tile row's A
+// lane's ldmatrix address lane_addr) and its staged B fragments (this lane's at staged_b), for
+// a warp of RPW consecutive output rows (more than one: stride 1 only). Each tile row's A
 // fragments are loaded once and multiplied into every output row it reaches (tile row r
-// feeds row w through kernel row r - w). A row's products run in the order of
-// nn_tc_taps_fixed, so its sums are the same.
+// feeds row w through kernel row r - w); a row's products run in tap order whatever RPW is,
+// so its sums are the same.
 template <typename F, int NT, int RPW>
 __device__ __forceinline__ void nn_tc_taps_rows(unsigned int lane_addr, int cols, const uint2* staged_b,
                                                 float (&acc)[RPW][2][NT][4])
@@ -723,7 +697,7 @@ __device__ __forceinline__ void nn_tc_taps_rows(unsigned int lane_addr, int cols
             for (int m = 0; m < 2; m++)
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                              : "=r"(a[m][0]), "=r"(a[m][1]), "=r"(a[m][2]), "=r"(a[m][3])
-                             : "r"(addr + m * 16 * NN_TC_PIX * 2));
+                             : "r"(addr + m * 16 * F::s * NN_TC_PIX * 2));
 #pragma unroll
             for (int w = 0; w < RPW; w++) {
                 const int ky = r - w;
@@ -1063,10 +1037,8 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         }
         __syncthreads();
         const unsigned int addr = lane_addr + (piped ? buf : 0) * npx * NN_TC_PIX * 2;
-        if (RPW > 1)
+        if (fixed)
             nn_tc_taps_rows<F, NT, RPW>(addr, cols, (const uint2*)(smem + buf * b_halves) + lane, acc);
-        else if (fixed)
-            nn_tc_taps_fixed<F, NT>(addr, cols, (const uint2*)(smem + buf * b_halves) + lane, acc[0]);
         else
             nn_tc_taps_general<NT>(addr, wf + ((long long)kc * p->n_tiles + nt0) * 32 + lane, taps, kw_v,
                                    m_step, kx_step, ky_step, tap_step, ntn, acc[0]);

@@ -201,6 +201,22 @@ fn run_with_and_without(
     (on, off)
 }
 
+/// All fusions against `off` on tiny_16 and the real tiny (when here), a photo at 1920x1088
+/// and 640x368: the same output bits (`what` names the switch in the messages).
+fn fusion_keeps_the_bits_on_photos(off: Fusions, what: &str) {
+    let mut models = vec![tiny_16()];
+    models.extend(real_tiny());
+    for model in &models {
+        for (w, h) in [(1920, 1088), (640, 368)] {
+            let input = photo_tensor(model, "chelsea.png", w, h);
+            let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+            let (a, b) = run_with_and_without(&spec, &input, off);
+            println!("{} {w}x{h}: {} values", model.name(), a.data.len());
+            assert_same_bits(&a, &b, &format!("{}: {what}", model.name()));
+        }
+    }
+}
+
 fn max_abs(a: &Tensor<f32>, b: &Tensor<f32>) -> f32 {
     assert_eq!(a.shape, b.shape);
     cuda_common::max_abs_diff_f32(&a.data, &b.data)
@@ -362,21 +378,17 @@ fn the_stats_hook_reaches_the_chains_the_gram_launch_runs() {
         let (plain, _) = run(Fusions::from_env(), false);
         assert_eq!(none, 0);
         println!(
-            "{}: {chains} statistics chains in Gram launches; with the hook {} against launched",
-            model.name(),
-            if with.data == launched.data {
-                "the same"
-            } else {
-                "different"
-            }
-        );
-        assert!(
-            with.data
-                .iter()
-                .zip(&launched.data)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{}: the hook did not reach the chains",
+            "{}: {chains} statistics chains in Gram launches",
             model.name()
+        );
+        // (the chains launched on their own after the hook are the reference)
+        assert_same_bits(
+            &with,
+            &launched,
+            &format!(
+                "{}: the chains in the Gram launch, with the hook,",
+                model.name()
+            ),
         );
         assert!(
             max_abs(&plain, &with) > 0.0,
@@ -530,6 +542,7 @@ fn programs_cover_every_stage() {
             }
             let stages: Vec<usize> = p.launches.iter().map(|l| l.stage).collect();
             assert!(stages.windows(2).all(|w| w[0] <= w[1]), "launch order");
+            let chain_stages = p.stat_chain_stages();
             for i in 0..spec.stage_count() {
                 if p.gram_stages.contains(&i) {
                     // a 1x1 convolution, or its output's statistics, that the Gram moments of
@@ -542,7 +555,7 @@ fn programs_cover_every_stage() {
                     );
                     continue;
                 }
-                if p.stat_chain_stages.contains(&i) {
+                if chain_stages.contains(&i) {
                     // an elementwise chain over statistics, run by an earlier Gram launch
                     assert!(
                         p.launches
@@ -1059,7 +1072,7 @@ fn modulated_normalizations_take_gram_moments() {
         // the normalizations' sqrt(var + eps) chains are finished by the Gram launch's last
         // block: no launch of their own, each in one Gram launch's tail, and with the fusion
         // off they launch again
-        let chains = fp16.stat_chain_stages.len();
+        let chains = fp16.stat_chain_stages().len();
         let tails: Vec<u64> = fp16
             .launches
             .iter()
@@ -1074,7 +1087,7 @@ fn modulated_normalizations_take_gram_moments() {
             "{}: x's and the convolution's",
             model.name()
         );
-        for &i in &fp16.stat_chain_stages {
+        for i in fp16.stat_chain_stages() {
             assert!(fp16.launches.iter().all(|x| x.stage != i));
             assert_eq!(
                 fp16.stage_outputs[i].len(),
@@ -1104,7 +1117,7 @@ fn modulated_normalizations_take_gram_moments() {
             0,
         )
         .unwrap();
-        assert!(unchained.stat_chain_stages.is_empty());
+        assert!(unchained.stat_chains.is_empty());
         assert_eq!(unchained.launches.len(), fp16.launches.len() + chains);
         assert_eq!(
             count(&no_mma, Kernel::MomentsGram) + count(&fp32, Kernel::MomentsGram),
@@ -1814,27 +1827,11 @@ fn seven_by_seven_kernels_run_tall_blocks() {
 #[test]
 fn tall_7x7_blocks_keep_the_bits() {
     need_gpu!();
-    let mut models = vec![tiny_16()];
-    models.extend(real_tiny());
     let short = Fusions {
         tall_7x7: false,
         ..Fusions::ALL
     };
-    for model in &models {
-        for (w, h) in [(1920, 1088), (640, 368)] {
-            let input = photo_tensor(model, "chelsea.png", w, h);
-            let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
-            let (a, b) = run_with_and_without(&spec, &input, short);
-            println!(
-                "{} {}x{}: {} values",
-                model.name(),
-                input.shape[2],
-                input.shape[1],
-                a.data.len()
-            );
-            assert_same_bits(&a, &b, &format!("{}: tall blocks", model.name()));
-        }
-    }
+    fusion_keeps_the_bits_on_photos(short, "tall blocks");
 }
 
 /// An fp16 network input (`Fusions::half_input`) is what the stem's gather made of the fp32
@@ -1844,21 +1841,11 @@ fn tall_7x7_blocks_keep_the_bits() {
 #[test]
 fn an_fp16_input_keeps_the_bits() {
     need_gpu!();
-    let mut models = vec![tiny_16()];
-    models.extend(real_tiny());
     let fp32_input = Fusions {
         half_input: false,
         ..Fusions::ALL
     };
-    for model in &models {
-        for (w, h) in [(1920, 1088), (640, 368)] {
-            let input = photo_tensor(model, "chelsea.png", w, h);
-            let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
-            let (a, b) = run_with_and_without(&spec, &input, fp32_input);
-            println!("{} {w}x{h}: {} values", model.name(), a.data.len());
-            assert_same_bits(&a, &b, &format!("{}: an fp16 input", model.name()));
-        }
-    }
+    fusion_keeps_the_bits_on_photos(fp32_input, "an fp16 input");
 }
 
 /// The residual-pair epilogue computes what the one-value-at-a-time epilogue does: the same

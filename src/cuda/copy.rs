@@ -85,20 +85,28 @@ pub(crate) unsafe fn upload_values(
     half: bool,
     what: &'static str,
 ) -> Result<(), CudaError> {
-    let halves: Vec<u16> = if half {
-        values.iter().map(|&v| fp16_bits(v)).collect()
-    } else {
-        Vec::new()
-    };
-    let (src, bytes) = if half {
-        (halves.as_ptr() as *const u8, 2 * values.len())
-    } else {
-        (values.as_ptr() as *const u8, 4 * values.len())
-    };
-    // SAFETY: the caller guarantees the device range; the host buffer is as long and outlives
+    let mut halves = Vec::new();
+    let bytes = stored_bytes(values, half, &mut halves);
+    // SAFETY: the caller guarantees the device range; the host bytes are as long and outlive
     // the synchronisation below.
-    unsafe { copy_h2d(stream.cu_stream(), src, dst, bytes) }.map_err(driver(what))?;
+    unsafe { copy_h2d(stream.cu_stream(), bytes.as_ptr(), dst, bytes.len()) }
+        .map_err(driver(what))?;
     stream.synchronize().map_err(driver("cuStreamSynchronize"))
+}
+
+/// The bytes `values` take on the device: their f32 bytes, or with `half` their fp16 bits
+/// (rounded to nearest even, as the device rounds) written into `halves`.
+pub(crate) fn stored_bytes<'a>(
+    values: &'a [f32],
+    half: bool,
+    halves: &'a mut Vec<u16>,
+) -> &'a [u8] {
+    if !half {
+        return bytemuck::cast_slice(values);
+    }
+    halves.clear();
+    halves.extend(values.iter().map(|&v| fp16_bits(v)));
+    bytemuck::cast_slice(halves)
 }
 
 /// fp16 bits into f32 values (exact), pair by pair.
@@ -192,4 +200,27 @@ pub(crate) unsafe fn copy_2d(
     };
     // SAFETY: `c` is fully initialised and describes ranges the caller guarantees.
     unsafe { sys::cuMemcpy2DAsync_v2(&c, stream).result() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_bytes_are_the_f32_bytes_or_the_fp16_bits() {
+        let values = [0.0f32, -1.5, 0.1, 65504.0, 1e-8];
+        let mut halves = vec![7u16; 2];
+        let f32_bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(stored_bytes(&values, false, &mut halves), &f32_bytes[..]);
+        let f16_bytes: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| fp16_bits(v).to_le_bytes())
+            .collect();
+        assert_eq!(stored_bytes(&values, true, &mut halves), &f16_bytes[..]);
+        // the scratch is reused, not appended to
+        assert_eq!(halves.len(), values.len());
+        let mut one = [0.0f32; 1];
+        widen_halves(&halves[1..2], &mut one);
+        assert_eq!(one[0], -1.5);
+    }
 }

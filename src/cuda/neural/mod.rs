@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use super::GpuFrameStats;
 use super::alloc::{DeviceBlock, allocate};
 use super::context::{context, describe, guard};
-use super::copy::{copy_d2h, copy_h2d, download_values, widen_halves};
+use super::copy::{copy_d2h, copy_h2d, download_values, stored_bytes, widen_halves};
 use super::error::{CudaError, driver};
 use super::fault::{Fault, injected};
 use super::graph::{GraphCache, OwnedGraph, Ran};
@@ -31,7 +31,6 @@ use super::kernels::compile_cached;
 use super::{GRAPH_CACHE_SIZE, GRAPH_WARMUP_FRAMES};
 use crate::neural::engine::Specialised;
 use crate::neural::lower::StatsHook;
-use crate::neural::precision::fp16_bits;
 use crate::neural::{NeuralError, Tensor};
 use program::{Kernel, NnControl, Program, Storage};
 
@@ -405,20 +404,12 @@ impl NeuralGpu {
             )));
         }
         // an fp16 input (`Fusions::half_input`) rounded as the device rounds it
-        let (src, bytes) = if p.half {
-            self.input_halves = input.data.iter().map(|&v| fp16_bits(v)).collect();
-            (
-                self.input_halves.as_ptr() as *const u8,
-                2 * input.data.len(),
-            )
-        } else {
-            (input.data.as_ptr() as *const u8, 4 * input.data.len())
-        };
+        let bytes = stored_bytes(&input.data, p.half, &mut self.input_halves);
         // SAFETY: the input buffer holds `elements` values of its storage in the arena; the
-        // host buffer is as long and outlives the synchronisation that ends every frame (the
+        // host bytes are as long and outlive the synchronisation that ends every frame (the
         // halves live in `self` until the next upload).
         unsafe {
-            copy_h2d(self.stream.cu_stream(), src, p.addr, bytes)
+            copy_h2d(self.stream.cu_stream(), bytes.as_ptr(), p.addr, bytes.len())
                 .map_err(driver("input upload"))?;
         }
         self.upload_control()

@@ -872,12 +872,17 @@ pub struct Program {
     /// stand for (`gram_moments`: no launch, no stored output).
     pub gram_stages: Vec<usize>,
     /// Elementwise chains over statistics that a Gram launch's last block computes
-    /// (`stat_chains`: no launch of their own; their outputs are stored as before).
-    pub stat_chain_stages: Vec<usize>,
-    /// Those chains as launches of their own (the stage of the Gram launch that runs each,
-    /// the launch), for a run that changes the statistics after that launch
-    /// (`NeuralGpu::run_with_hook`).
+    /// (`stat_chains`: no launch in `launches`; their outputs are stored as before): the stage
+    /// of the Gram launch that runs each, and the chain as a launch of its own, for a run that
+    /// changes the statistics after that launch (`NeuralGpu::run_with_hook`).
     pub stat_chains: Vec<(usize, Launch)>,
+}
+
+impl Program {
+    /// The stages of the chains a Gram launch computes (`stat_chains`).
+    pub fn stat_chain_stages(&self) -> Vec<usize> {
+        self.stat_chains.iter().map(|c| c.1.stage).collect()
+    }
 }
 
 fn aligned(b: u64) -> u64 {
@@ -3522,11 +3527,9 @@ pub fn build(
     folded_stages.sort_unstable();
     let mut gram_stages: Vec<usize> = grams.iter().flat_map(|g| [g.conv, g.norm]).collect();
     gram_stages.sort_unstable();
-    let stat_chain_stages = stat_chains.iter().map(|c| c.1.stage).collect();
     Ok(Program {
         folded_stages,
         gram_stages,
-        stat_chain_stages,
         stat_chains,
         stage_outputs,
         arena,
