@@ -713,6 +713,10 @@ impl NeuralGpu {
             self.smoothing = keep;
             up?;
             let mut from = 0;
+            // the Gram launches of the last stretch that ran: their chains' outputs are live
+            // until a later stretch reads them, so only these chains may run again (an older
+            // chain's output buffer may hold another tensor by now)
+            let mut recent_grams: Vec<usize> = Vec::new();
             for (k, sp) in self.program.stats.clone().iter().enumerate() {
                 let to = self
                     .program
@@ -724,6 +728,13 @@ impl NeuralGpu {
                     })
                     .map_or(from, |p| p + 1);
                 self.enqueue_range(from, to)?;
+                if to > from {
+                    recent_grams = self.program.launches[from..to]
+                        .iter()
+                        .filter(|l| l.kernel == Kernel::MomentsGram)
+                        .map(|l| l.stage)
+                        .collect();
+                }
                 from = to;
                 let mut mean = vec![0.0f32; sp.channels];
                 let mut var = vec![0.0f32; sp.channels];
@@ -747,14 +758,10 @@ impl NeuralGpu {
                     copy_h2d(s, var.as_ptr() as *const u8, sp.var, 4 * sp.channels)
                         .map_err(driver("statistics upload"))?;
                 }
-                // the chains a Gram launch already ran over these statistics
+                // the chains that Gram launch computed over the statistics before the hook
                 // (`program::stat_chains`) run again over the changed ones
-                let ran = &self.program.launches[..from];
                 for (gram, chain) in &self.program.stat_chains {
-                    if ran
-                        .iter()
-                        .any(|l| l.kernel == Kernel::MomentsGram && l.stage == *gram)
-                    {
+                    if recent_grams.contains(gram) {
                         self.enqueue(chain)?;
                     }
                 }
