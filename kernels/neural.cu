@@ -416,8 +416,10 @@ __device__ __forceinline__ void nn_tc_fetch_patch(const uint4* patch, int pw, in
 // pairs: read through a folded Resize's taps (rounded to fp16 as the Resize's own output
 // would be), from the fp32 input (its layout Transpose folded; rounded to fp16 as the
 // Transpose's output would be) or from the fp16 input.
+// `lo`: an fp32 input split in two (x_f32 == 2) gives its low half, x - fp16(x) in fp16, for
+// the second pass over the chunks; otherwise the value rounded to fp16
 __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc, int2 at,
-                                            unsigned int v[8])
+                                            unsigned int v[8], bool lo = false)
 {
     const int cin = p->cin;
     unsigned short h[16];
@@ -441,7 +443,9 @@ __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc
 #pragma unroll
             for (int c = 0; c < 16; c++) {
                 const int ic = kc * 16 + c;
-                h[c] = ic < cin ? float_to_half_bits(__ldg(xf + (long long)ic * p->x_cs)) : (unsigned short)0;
+                const float f = ic < cin ? __ldg(xf + (long long)ic * p->x_cs) : 0.0f;
+                const unsigned short hi = float_to_half_bits(f);
+                h[c] = lo ? float_to_half_bits(f - half_bits_to_float(hi)) : hi;
             }
         } else {
             const unsigned short* __restrict__ x = (const unsigned short*)p->x + off;
@@ -941,8 +945,14 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     };
     if (piped_patch)
         issue_patch(0, 0);
+    // an fp32 input that fits fp16's range, split in two (NnConv::x_f32 == 2, planar gather
+    // only): a second pass over the chunks multiplies each value's low half, x - fp16(x), by
+    // the same weights, so the products see x to 22 bits instead of 11
+    const int passes = GATHER == NN_GATHER_PLANAR && p->x_f32 == 2 ? 2 : 1;
     // one loop for both ways of filling the tile, so that the tap loops are inlined once
-    for (int kc = 0; kc < chunks; kc++) {
+    for (int pc = 0; pc < chunks * passes; pc++) {
+        const bool lo = GATHER == NN_GATHER_PLANAR && pc >= chunks;
+        const int kc = lo ? pc - chunks : pc;
         const int buf = piped || piped_patch ? kc & 1 : 0;
         if (piped) {
             if (kc + 1 < chunks) {
@@ -1009,9 +1019,12 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                         if (pre)
                             nn_tc_pre_apply(pre_coef + kc * 16, pre_slope, v);
                     } else
-                        nn_tc_fetch(p, kc, at, v);
+                        nn_tc_fetch(p, kc, at, v, lo);
                 } else {
-                    const unsigned short fill = at.x == -1 ? (unsigned short)0 : fill_bits;
+                    const unsigned short fill =
+                        at.x == -1 ? (unsigned short)0
+                        : lo       ? float_to_half_bits(p->pad_value - half_bits_to_float(fill_bits))
+                                   : fill_bits;
 #pragma unroll
                     for (int c2 = 0; c2 < 8; c2++) {
                         const int ic = kc * 16 + 2 * c2;

@@ -17,15 +17,15 @@ use std::time::Instant;
 
 use gst::prelude::*;
 use gsttoonflow::cuda::neural::NeuralGpu;
-use gsttoonflow::cuda::neural::program::{Fusions, Kernel, Storage};
+use gsttoonflow::cuda::neural::program::{Fusions, Kernel, NnConv, Storage};
 use gsttoonflow::neural::Tensor;
 use gsttoonflow::neural::engine::{NeuralModel, Specialised};
 use gsttoonflow::neural::frame::{
     ColorMatrix, ColorRange, ConverterConfig, FrameConverter, TensorLayout, ValueRange,
 };
-use gsttoonflow::neural::onnx::encode_model;
+use gsttoonflow::neural::onnx::{attr_ints, encode_model};
 use gsttoonflow::neural::temporal::StatSmoother;
-use onnx_models::{Rng, hayao_like, hayao_like_channels, tiny_like, tiny_like_channels};
+use onnx_models::{Builder, Rng, hayao_like, hayao_like_channels, tiny_like, tiny_like_channels};
 
 macro_rules! need_gpu {
     () => {
@@ -112,6 +112,7 @@ fn gpu_with(
         half: vec![half; spec.stage_count()],
         tensor_cores,
         fusions,
+        split: Vec::new(),
     };
     NeuralGpu::new(0, spec, &storage, 0, graph)
         .unwrap_or_else(|e| panic!("building the GPU network: {e}"))
@@ -148,7 +149,7 @@ fn params<T: bytemuck::Pod>(
 fn elementwise_chains(
     p: &gsttoonflow::cuda::neural::program::Program,
 ) -> Vec<(gsttoonflow::cuda::neural::program::NnEltwise, bool)> {
-    use gsttoonflow::cuda::neural::program::{Kernel, NnConv, NnEltwise};
+    use gsttoonflow::cuda::neural::program::NnEltwise;
     let at = |addr: u64| {
         let at = addr as usize;
         bytemuck::pod_read_unaligned::<NnEltwise>(
@@ -531,6 +532,7 @@ fn programs_cover_every_stage() {
                 half: vec![half; spec.stage_count()],
                 tensor_cores: true,
                 fusions: Fusions::from_env(),
+                split: Vec::new(),
             };
             let p = gsttoonflow::cuda::neural::program::build(&spec, &storage, 0, 0).unwrap();
             let mma = tensor_core_convs(&p);
@@ -1049,6 +1051,7 @@ fn modulated_normalizations_take_gram_moments() {
                 half: vec![true; spec.stage_count()],
                 tensor_cores: false,
                 fusions: Fusions::from_env(),
+                split: Vec::new(),
             },
             0,
             0,
@@ -1943,5 +1946,111 @@ fn the_double_buffered_resize_patch_keeps_the_bits() {
             &b,
             &format!("{}: the double-buffered Resize patch", model.name()),
         );
+    }
+}
+
+/// Two 3x3 convolutions over a tensor around 1000 (a bias of 1000), weights that fp16 holds
+/// exactly (k/256), NCHW in and out: where fp16 storage, or an fp32 input rounded to fp16 for
+/// the tensor cores, loses ~2^-12 of every value, a split input (`Storage::split`) keeps 22
+/// bits.
+fn offset_convs() -> NeuralModel {
+    let mut b = Builder::new(0x5b17);
+    let mut rng = Rng::new(0x5b18);
+    let mut exact = |b: &mut Builder, base: &str, dims: &[i64]| {
+        let n: i64 = dims.iter().product();
+        let data: Vec<f32> = (0..n)
+            .map(|_| (rng.uniform() * 64.0).round() / 256.0)
+            .collect();
+        b.floats(base, dims, &data)
+    };
+    let conv = |b: &mut Builder, x: &str, w: &str, bias: &str| {
+        b.op(
+            "Conv",
+            &[x, w, bias],
+            vec![
+                attr_ints("kernel_shape", &[3, 3]),
+                attr_ints("pads", &[1, 1, 1, 1]),
+            ],
+        )
+    };
+    let w1 = exact(&mut b, "w", &[16, 3, 3, 3]);
+    let b1 = b.floats("b", &[16], &[1000.0; 16]);
+    let a = conv(&mut b, "input", &w1, &b1);
+    let w2 = exact(&mut b, "w", &[16, 16, 3, 3]);
+    let b2 = exact(&mut b, "b", &[16]);
+    let c = conv(&mut b, &a, &w2, &b2);
+    let w3 = exact(&mut b, "w", &[3, 16, 3, 3]);
+    let b3 = exact(&mut b, "b", &[3]);
+    let out = conv(&mut b, &c, &w3, &b3);
+    let m = b.finish("input", &out, &[1, 3, -1, -1], "offset_convs");
+    NeuralModel::from_bytes(&encode_model(&m), "offset_convs").unwrap()
+}
+
+/// fp32 storage throughout, the tensor cores on, every stage split (`split`) or none.
+fn split_storage(spec: &Specialised, split: bool) -> Storage {
+    Storage {
+        half: vec![false; spec.stage_count()],
+        tensor_cores: true,
+        fusions: Fusions::from_env(),
+        split: vec![split; spec.stage_count()],
+    }
+}
+
+/// The convolutions whose fp32 input is split in two run on the tensor cores (no GPU needed):
+/// without the split an fp32 input keeps a convolution on CUDA cores.
+#[test]
+fn split_fp32_inputs_take_the_tensor_cores() {
+    for (model, w, h) in generated().into_iter().chain([(offset_convs(), 64, 48)]) {
+        let spec = model.specialise(h, w).unwrap();
+        let split =
+            gsttoonflow::cuda::neural::program::build(&spec, &split_storage(&spec, true), 0, 0)
+                .unwrap();
+        let plain =
+            gsttoonflow::cuda::neural::program::build(&spec, &split_storage(&spec, false), 0, 0)
+                .unwrap();
+        assert_eq!(tensor_core_convs(&plain), 0, "{}", model.name());
+        let modes: Vec<i32> = split
+            .launches
+            .iter()
+            .filter(|l| matches!(l.kernel, Kernel::ConvMma(..)))
+            .map(|l| params::<NnConv>(&split, l).x_f32)
+            .collect();
+        println!(
+            "{}: split inputs on the tensor cores {modes:?}",
+            model.name()
+        );
+        // (only a stage's output splits: the network input, NHWC through a folded Transpose,
+        // is rounded as before)
+        assert!(
+            modes.iter().filter(|&&m| m == 2).count() >= 2,
+            "{}",
+            model.name()
+        );
+        assert!(modes.iter().all(|&m| m == 1 || m == 2), "{}", model.name());
+        assert!(split.launches.len() <= plain.launches.len());
+    }
+}
+
+/// A split fp32 input keeps 22 bits through the tensor cores: the offset model's output
+/// against the CPU reference within 2e-6 of its range, where rounding the ~1000 inputs to
+/// fp16 would be off by ~1e-4.
+#[test]
+fn split_fp32_inputs_keep_their_low_bits() {
+    need_gpu!();
+    let spec = offset_convs().specialise(48, 64).unwrap();
+    let input = random_input(&spec, 21);
+    let cpu = spec.run(&input, None).unwrap();
+    let range = cpu.data.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    for split in [true, false] {
+        let storage = split_storage(&spec, split);
+        let tc = gsttoonflow::cuda::neural::program::build(&spec, &storage, 0, 0).unwrap();
+        let mut g = NeuralGpu::new(0, &spec, &storage, 0, false).unwrap();
+        let out = run_gpu(&mut g, &input);
+        let rel = max_abs(&cpu, &out) / range;
+        println!(
+            "offset_convs split {split}: {} tensor-core convolutions, max |diff| {rel:.2e} of the range {range:.0}",
+            tensor_core_convs(&tc)
+        );
+        assert!(rel <= 2e-6, "split {split}: {rel:.2e}");
     }
 }

@@ -18,7 +18,7 @@ use crate::neural::engine::Specialised;
 use crate::neural::lower::{Lowered, Stage, StageKind, activation};
 use crate::neural::onnx::NodeProto;
 use crate::neural::ops::elementwise::Activation;
-use crate::neural::precision::{PrecisionPlan, StoragePrecision};
+use crate::neural::precision::{PrecisionPlan, Reason, StoragePrecision};
 use crate::neural::{NeuralError, Value};
 
 /// Output channels one conv thread computes (the weights of one tap are contiguous).
@@ -160,7 +160,9 @@ pub struct NnConv {
     pub rs_h: i32,
     pub rs_w: i32,
     /// Tensor-core path: element strides of the input per channel, row and pixel (NCHW, or
-    /// NHWC when the input Transpose is folded), and whether it is fp32.
+    /// NHWC when the input Transpose is folded), and whether it is fp32: 1 rounded to fp16,
+    /// 2 split into fp16 high and low halves, a second pass over the chunks (planar gather,
+    /// `Storage::split`).
     pub x_cs: i32,
     pub x_rs: i32,
     pub x_ps: i32,
@@ -826,6 +828,11 @@ pub struct Storage {
     pub half: Vec<bool>,
     pub tensor_cores: bool,
     pub fusions: Fusions,
+    /// fp32 stages whose values fit fp16's range (calibration kept them fp32 for their
+    /// variance, not their magnitude): a tensor-core convolution may read them as two fp16
+    /// halves, x = fp16(x) + fp16(x - fp16(x)), good to 22 bits instead of 11, where it would
+    /// otherwise run on CUDA cores (`NnConv::x_f32` 2). Empty: none.
+    pub split: Vec<bool>,
 }
 
 impl Storage {
@@ -834,18 +841,33 @@ impl Storage {
             half: vec![half; stages],
             tensor_cores: tensor_cores_default(),
             fusions: Fusions::from_env(),
+            split: Vec::new(),
         }
     }
 
-    /// The calibrated decision per stage (src/neural/precision.rs).
+    /// The calibrated decision per stage (src/neural/precision.rs); its fp32 stages of
+    /// `Reason::Variance` split in two for the tensor cores unless `TOONFLOW_NEURAL_SPLIT=0`.
     pub fn from_plan(plan: &PrecisionPlan) -> Self {
+        let split = switch("TOONFLOW_NEURAL_SPLIT", true);
         Storage {
             half: (0..plan.len())
                 .map(|i| plan.stage(i) == StoragePrecision::Fp16)
                 .collect(),
             tensor_cores: tensor_cores_default(),
             fusions: Fusions::from_env(),
+            split: plan
+                .decisions
+                .iter()
+                .map(|d| {
+                    split && d.precision == StoragePrecision::Fp32 && d.reason == Reason::Variance
+                })
+                .collect(),
         }
+    }
+
+    /// Whether stage `i`'s fp32 outputs may be read split in two (`split`).
+    pub fn splits(&self, i: usize) -> bool {
+        self.split.get(i) == Some(&true) && self.half.get(i) == Some(&false)
     }
 }
 
@@ -1450,7 +1472,16 @@ fn on_tensor_cores(
             || s.nodes
                 .first()
                 .and_then(|n| n.input.first())
-                .is_some_and(|x| half_of.get(x) == Some(&true)))
+                .is_some_and(|x| half_of.get(x) == Some(&true) || split_input(l, storage, x)))
+}
+
+/// Whether value `x` is an fp32 stage output the tensor cores read split in two
+/// (`Storage::split`).
+fn split_input(l: &Lowered, storage: &Storage, x: &str) -> bool {
+    l.stages
+        .iter()
+        .position(|s| s.outputs.iter().any(|o| o == x))
+        .is_some_and(|k| storage.splits(k))
 }
 
 /// What a tensor-core convolution's input gather folds in from the stage right before it.
@@ -2785,7 +2816,17 @@ pub fn build(
                     x_cs,
                     x_rs,
                     x_ps,
-                    x_f32: !x.half as i32,
+                    x_f32: if x.half {
+                        0
+                    } else if mma
+                        && resize.is_none()
+                        && !nhwc
+                        && split_input(l, storage, &s.nodes[0].input[0])
+                    {
+                        2
+                    } else {
+                        1
+                    },
                     y_cs,
                     y_rs,
                     y_ps,
