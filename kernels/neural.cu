@@ -2149,3 +2149,54 @@ extern "C" __global__ void nn_softmax(const NnSoftmax* __restrict__ p)
     for (long long i = threadIdx.x; i < p->len; i += blockDim.x)
         nn_store(p->y, base + i, p->y_half, expf(nn_load(p->x, base + i, p->x_half) - mx) * inv);
 }
+
+// atomicAdd on doubles: native from sm_60, a compare-and-swap loop before
+__device__ __forceinline__ void nn_atomic_add_f64(double* a, double v)
+{
+#if __CUDA_ARCH__ >= 600
+    atomicAdd(a, v);
+#else
+    unsigned long long* bits = (unsigned long long*)a;
+    unsigned long long seen = *bits, assumed;
+    do {
+        assumed = seen;
+        seen = atomicCAS(bits, assumed,
+                         (unsigned long long)__double_as_longlong(__longlong_as_double((long long)assumed) + v));
+    } while (assumed != seen);
+#endif
+}
+
+// Calibration (not in a program): a stage output's finite values' sum of squares and largest
+// magnitude, and how many values are not finite, added into the parameter block's result
+// fields; the host reads 16 bytes instead of the whole tensor. Each thread sums its values in
+// double, as the host's record does.
+extern "C" __global__ void nn_range(NnRange* __restrict__ p)
+{
+    const long long n = (long long)p->n;
+    const bool half = p->half;
+    float absmax = 0.0f;
+    double sum_squares = 0.0;
+    unsigned int non_finite = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float v = half ? half_bits_to_float(((const unsigned short*)p->x)[i]) : ((const float*)p->x)[i];
+        if ((__float_as_uint(v) & 0x7f800000u) == 0x7f800000u) {
+            non_finite++;
+        } else {
+            absmax = fmaxf(absmax, fabsf(v));
+            sum_squares += (double)v * (double)v;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, o));
+        sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, o);
+        non_finite += __shfl_xor_sync(0xffffffffu, non_finite, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(&p->absmax_bits, __float_as_uint(absmax));
+        nn_atomic_add_f64(&p->sum_squares, sum_squares);
+        if (non_finite)
+            atomicAdd(&p->non_finite, non_finite);
+    }
+}

@@ -36,6 +36,7 @@ c_scalars!(
     f32 => "float",
     i64 => "long long",
     u64 => "unsigned long long",
+    f64 => "double",
 );
 
 impl<T: CScalar, const N: usize> CType for [T; N]

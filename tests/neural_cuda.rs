@@ -2054,3 +2054,97 @@ fn split_fp32_inputs_keep_their_low_bits() {
         assert!(rel <= 2e-6, "split {split}: {rel:.2e}");
     }
 }
+
+/// Calibration's figures of each stage output, reduced on the device (`run_calibration`,
+/// `nn_range`), are the host readback's (`run_observed` + `OutputRange::of`): the same counts,
+/// the same largest magnitude to the bit, sums of squares within 1e-9 (summed in another
+/// order), and so the same plan; fp32 and fp16 storage (the kernel's two loads) on photos, and
+/// the figures' time both ways at 1080p (hayao_class, the real tiny when present).
+#[test]
+fn calibration_ranges_on_the_device_match_the_host_readback() {
+    need_gpu!();
+    use gsttoonflow::neural::precision::{Calibrator, OutputRange};
+    let mut cases: Vec<(NeuralModel, usize, usize, bool)> = [false, true]
+        .into_iter()
+        .flat_map(|half| {
+            generated()
+                .into_iter()
+                .map(move |(m, w, h)| (m, w, h, half))
+        })
+        .collect();
+    cases.push((hayao_class(), 1920, 1080, false));
+    cases.extend(real_tiny().map(|m| (m, 1920, 1088, false)));
+    for (model, w, h, half) in cases {
+        let input = photo_tensor(&model, "chelsea.png", w, h);
+        let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+        let mut g = gpu_with(&spec, half, false, half, Fusions::from_env());
+        let mut out = Tensor::zeros(&input.shape);
+        let (mut host, mut device) = (Vec::new(), Vec::new());
+        let mut host_cal = Calibrator::new(&spec);
+        let mut device_cal = Calibrator::new(&spec);
+        let mut stats = Vec::new();
+        let t0 = Instant::now();
+        g.run_observed(
+            &input,
+            &mut out,
+            &mut |stage, v| {
+                host.push((stage, OutputRange::of(v)));
+                host_cal.record_output_data(stage, v);
+            },
+            &mut |k, m, v| stats.push((k, m.to_vec(), v.to_vec())),
+        )
+        .unwrap();
+        let host_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t0 = Instant::now();
+        g.run_calibration(
+            &input,
+            &mut out,
+            &mut |stage, r| {
+                device.push((stage, *r));
+                device_cal.record_output_range(stage, r);
+            },
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        let device_ms = t0.elapsed().as_secs_f64() * 1e3;
+        println!(
+            "{} {w}x{h} {}: {} stage outputs, host readback {host_ms:.1} ms, device ranges {device_ms:.1} ms",
+            model.name(),
+            if half { "fp16" } else { "fp32" },
+            host.len()
+        );
+        assert_eq!(host.len(), device.len());
+        for ((s, a), (t, b)) in host.iter().zip(&device) {
+            let what = format!(
+                "{} stage {s} ({})",
+                model.name(),
+                if half { "fp16" } else { "fp32" }
+            );
+            assert_eq!(s, t, "{what}");
+            assert_eq!((a.count, a.non_finite), (b.count, b.non_finite), "{what}");
+            assert_eq!(
+                a.absmax.to_bits(),
+                b.absmax.to_bits(),
+                "{what}: {a:?} {b:?}"
+            );
+            let rel = (a.sum_squares - b.sum_squares).abs() / a.sum_squares.max(f64::MIN_POSITIVE);
+            assert!(rel <= 1e-9, "{what}: {a:?} {b:?}");
+        }
+        // (the statistics are the same downloads both ways)
+        for (k, m, v) in &stats {
+            host_cal.record_stats(*k, m, v);
+            device_cal.record_stats(*k, m, v);
+        }
+        host_cal.frame_done();
+        device_cal.frame_done();
+        let (p, q) = (host_cal.finish(), device_cal.finish());
+        for (a, b) in p.decisions.iter().zip(&q.decisions) {
+            assert_eq!(
+                (a.precision, a.reason),
+                (b.precision, b.reason),
+                "{}",
+                q.ledger()
+            );
+        }
+    }
+}

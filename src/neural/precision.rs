@@ -305,21 +305,47 @@ struct Range {
 
 impl Range {
     fn record(&mut self, data: &[f32]) {
+        self.merge(&OutputRange::of(data));
+    }
+
+    fn merge(&mut self, r: &OutputRange) {
         if !self.seen {
             self.float = true;
         }
         self.seen = true;
-        let mut sum = 0.0f64;
+        self.absmax = self.absmax.max(r.absmax);
+        self.sum_squares += r.sum_squares;
+        self.count += r.count;
+        self.non_finite |= r.non_finite > 0;
+    }
+}
+
+/// What calibration keeps of one stage output: its finite values' largest magnitude and sum
+/// of squares, how many values it has and how many are not finite. An executor may reduce a
+/// tensor to this where it lives (the GPU's `nn_range`) and hand over only these.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OutputRange {
+    pub absmax: f32,
+    pub sum_squares: f64,
+    pub count: u64,
+    pub non_finite: u64,
+}
+
+impl OutputRange {
+    pub fn of(data: &[f32]) -> Self {
+        let mut r = OutputRange {
+            count: data.len() as u64,
+            ..OutputRange::default()
+        };
         for &v in data {
             if v.is_finite() {
-                self.absmax = self.absmax.max(v.abs());
-                sum += f64::from(v) * f64::from(v);
+                r.absmax = r.absmax.max(v.abs());
+                r.sum_squares += f64::from(v) * f64::from(v);
             } else {
-                self.non_finite = true;
+                r.non_finite += 1;
             }
         }
-        self.sum_squares += sum;
-        self.count += data.len() as u64;
+        r
     }
 }
 
@@ -418,6 +444,14 @@ impl Calibrator {
     pub fn record_output_data(&mut self, stage: usize, data: &[f32]) {
         if let Some(r) = self.ranges.get_mut(stage) {
             r.record(data);
+        }
+    }
+
+    /// Stage `stage` wrote values of these magnitudes (`OutputRange::of` them, reduced where
+    /// they were computed): the same record as [`record_output_data`](Self::record_output_data).
+    pub fn record_output_range(&mut self, stage: usize, range: &OutputRange) {
+        if let Some(r) = self.ranges.get_mut(stage) {
+            r.merge(range);
         }
     }
 
@@ -703,6 +737,33 @@ mod tests {
         )
         .unwrap();
         (max_diff(&exact, &calibrated), max_diff(&exact, &fp16))
+    }
+
+    #[test]
+    fn an_output_range_keeps_the_finite_values_and_counts_the_rest() {
+        let r = OutputRange::of(&[1.0, -3.0, f32::NAN, f32::INFINITY, 2.0, f32::NEG_INFINITY]);
+        assert_eq!(r.absmax, 3.0);
+        assert_eq!(r.sum_squares, 14.0);
+        assert_eq!((r.count, r.non_finite), (6, 3));
+        // a stage seen through its ranges decides as one seen through its values
+        let (c1, mut w) = conv1x1("input", "big", 3, 4, 30000.0, 0.0);
+        let (c2, w2) = conv1x1("big", "output", 4, 3, 1e-5, 0.0);
+        w.extend(w2);
+        let spec = model_of(vec![c1, c2], w, "output")
+            .specialise(8, 8)
+            .unwrap();
+        let values = vec![2.5e4f32, -1.0, 0.5, f32::NAN];
+        let (mut by_values, mut by_range) = (Calibrator::new(&spec), Calibrator::new(&spec));
+        let stage = stage_of(&spec, "big");
+        by_values.record_output_data(stage, &values);
+        by_range.record_output_range(stage, &OutputRange::of(&values));
+        let (a, b) = (by_values.finish(), by_range.finish());
+        assert_eq!(a.decisions[stage].reason, Reason::Overflow);
+        assert_eq!(a.decisions[stage].reason, b.decisions[stage].reason);
+        assert_eq!(
+            a.decisions[stage].rms.to_bits(),
+            b.decisions[stage].rms.to_bits()
+        );
     }
 
     #[test]

@@ -413,10 +413,10 @@ impl NeuralCuda {
         };
         let mut stats: Vec<(usize, Vec<f32>, Vec<f32>)> = Vec::new();
         let gpu = self.gpu.as_mut().ok_or_else(no_network)?;
-        gpu.run_observed(
+        gpu.run_calibration(
             &self.f.input,
             &mut self.output,
-            &mut |stage, values| calibrator.record_output_data(stage, values),
+            &mut |stage, range| calibrator.record_output_range(stage, range),
             &mut |index, mean, var| stats.push((index, mean.to_vec(), var.to_vec())),
         )?;
         for (index, mean, var) in &stats {

@@ -363,6 +363,27 @@ pub struct NnSoftmax {
 }
 }
 
+kernel_struct! {
+/// Calibration: the magnitudes of one stage output of `n` values (fp16 with `half`, else f32,
+/// in any layout) at `x`, as `precision::Range` records them on the host. `nn_range` adds to
+/// the result fields, which start at zero: the finite values' sum of squares and largest
+/// magnitude (its f32 bits: non-negative floats order as their bits), and how many values are
+/// not finite.
+pub struct NnRange {
+    pub x: u64,
+    pub n: u64,
+    pub sum_squares: f64,
+    pub absmax_bits: u32,
+    pub non_finite: u32,
+    pub half: i32,
+    pub pad: i32,
+}
+}
+
+/// Threads of an `nn_range` block, and its most blocks (a grid-stride loop covers the rest).
+pub const RANGE_THREADS: u32 = 256;
+pub const RANGE_MAX_BLOCKS: u32 = 1024;
+
 /// The C text the kernels are compiled with (prepended to kernels/neural.cu).
 pub fn header() -> String {
     let defines = [
@@ -417,6 +438,7 @@ pub fn header() -> String {
             NnCopy::c_declaration(),
             NnResize::c_declaration(),
             NnSoftmax::c_declaration(),
+            NnRange::c_declaration(),
         ],
     )
 }
@@ -507,11 +529,13 @@ pub enum Kernel {
     Copy,
     Resize,
     Softmax,
+    /// Calibration only, not in a program: a stage output's magnitudes (`NnRange`).
+    Range,
 }
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 45;
+    pub const COUNT: usize = 46;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -573,6 +597,7 @@ impl Kernel {
             Kernel::Copy,
             Kernel::Resize,
             Kernel::Softmax,
+            Kernel::Range,
         ];
         let mut r = 0;
         while r < rest.len() {
@@ -631,6 +656,7 @@ impl Kernel {
             Kernel::Copy => "nn_copy",
             Kernel::Resize => "nn_resize",
             Kernel::Softmax => "nn_softmax",
+            Kernel::Range => "nn_range",
         }
     }
 }
