@@ -1952,7 +1952,8 @@ fn the_double_buffered_resize_patch_keeps_the_bits() {
 /// Two 3x3 convolutions over a tensor around 1000 (a bias of 1000), weights that fp16 holds
 /// exactly (k/256), NCHW in and out: where fp16 storage, or an fp32 input rounded to fp16 for
 /// the tensor cores, loses ~2^-12 of every value, a split input (`Storage::split`) keeps 22
-/// bits.
+/// bits. (With weights fp16 does not hold, their rounding would dominate: the tensor cores
+/// multiply fp16 weights, split or not.)
 fn offset_convs() -> NeuralModel {
     let mut b = Builder::new(0x5b17);
     let mut rng = Rng::new(0x5b18);
@@ -1976,9 +1977,18 @@ fn offset_convs() -> NeuralModel {
     let w1 = exact(&mut b, "w", &[16, 3, 3, 3]);
     let b1 = b.floats("b", &[16], &[1000.0; 16]);
     let a = conv(&mut b, "input", &w1, &b1);
+    // the second convolution's border a constant Pad of a value fp16 does not hold (1000.3:
+    // fp16 1000.5, low half -0.2), folded into its gather as the pad value
+    let pads = b.ints("pads", &[8], &[0, 0, 1, 1, 0, 0, 1, 1]);
+    let fill = b.floats("fill", &[], &[1000.3]);
+    let padded = b.op("Pad", &[&a, &pads, &fill], vec![]);
     let w2 = exact(&mut b, "w", &[16, 16, 3, 3]);
     let b2 = exact(&mut b, "b", &[16]);
-    let c = conv(&mut b, &a, &w2, &b2);
+    let c = b.op(
+        "Conv",
+        &[&padded, &w2, &b2],
+        vec![attr_ints("kernel_shape", &[3, 3])],
+    );
     let w3 = exact(&mut b, "w", &[3, 16, 3, 3]);
     let b3 = exact(&mut b, "b", &[3]);
     let out = conv(&mut b, &c, &w3, &b3);
@@ -2019,16 +2029,22 @@ fn split_fp32_inputs_take_the_tensor_cores() {
             "{}: split inputs on the tensor cores {modes:?}",
             model.name()
         );
-        // (only a stage's output splits: the network input, NHWC through a folded Transpose,
-        // is rounded as before)
-        assert!(
-            modes.iter().filter(|&&m| m == 2).count() >= 2,
-            "{}",
-            model.name()
-        );
-        assert!(modes.iter().all(|&m| m == 1 || m == 2), "{}", model.name());
+        // (only a stage's output splits; the network input stays on CUDA cores in fp32)
+        assert!(modes.len() >= 2, "{}", model.name());
+        assert!(modes.iter().all(|&m| m == 2), "{}", model.name());
         assert!(split.launches.len() <= plain.launches.len());
     }
+    // the offset model's second convolution folds its constant Pad of 1000.3: the border
+    // reads the pad value's two halves
+    let spec = offset_convs().specialise(48, 64).unwrap();
+    let p = gsttoonflow::cuda::neural::program::build(&spec, &split_storage(&spec, true), 0, 0)
+        .unwrap();
+    assert!(p.launches.iter().any(|l| {
+        matches!(l.kernel, Kernel::ConvMma(..)) && {
+            let c = params::<NnConv>(&p, l);
+            c.x_f32 == 2 && c.pad_mode == 0 && c.pad_t == 1 && c.pad_value == 1000.3
+        }
+    }));
 }
 
 /// A split fp32 input keeps 22 bits through the tensor cores: the offset model's output
@@ -2044,12 +2060,22 @@ fn split_fp32_inputs_keep_their_low_bits() {
     for split in [true, false] {
         let storage = split_storage(&spec, split);
         let tc = gsttoonflow::cuda::neural::program::build(&spec, &storage, 0, 0).unwrap();
+        let split_convs = tc
+            .launches
+            .iter()
+            .filter(|l| {
+                matches!(l.kernel, Kernel::ConvMma(..)) && params::<NnConv>(&tc, l).x_f32 == 2
+            })
+            .count();
+        // the two convolutions over the ~1000 tensors, on the tensor cores split, or on CUDA
+        // cores in fp32
+        assert_eq!(split_convs, if split { 2 } else { 0 });
+        assert_eq!(tensor_core_convs(&tc), split_convs);
         let mut g = NeuralGpu::new(0, &spec, &storage, 0, false).unwrap();
         let out = run_gpu(&mut g, &input);
         let rel = max_abs(&cpu, &out) / range;
         println!(
-            "offset_convs split {split}: {} tensor-core convolutions, max |diff| {rel:.2e} of the range {range:.0}",
-            tensor_core_convs(&tc)
+            "offset_convs split {split}: {split_convs} split tensor-core convolutions, max |diff| {rel:.2e} of the range {range:.0}"
         );
         assert!(rel <= 2e-6, "split {split}: {rel:.2e}");
     }

@@ -714,10 +714,6 @@ impl NeuralGpu {
             self.smoothing = keep;
             up?;
             let mut from = 0;
-            // the Gram launches of the last stretch that ran: their chains' outputs are live
-            // until a later stretch reads them, so only these chains may run again (an older
-            // chain's output buffer may hold another tensor by now)
-            let mut recent_grams: Vec<usize> = Vec::new();
             for (k, sp) in self.program.stats.clone().iter().enumerate() {
                 let to = self
                     .program
@@ -729,13 +725,6 @@ impl NeuralGpu {
                     })
                     .map_or(from, |p| p + 1);
                 self.enqueue_range(from, to)?;
-                if to > from {
-                    recent_grams = self.program.launches[from..to]
-                        .iter()
-                        .filter(|l| l.kernel == Kernel::MomentsGram)
-                        .map(|l| l.stage)
-                        .collect();
-                }
                 from = to;
                 let mut mean = vec![0.0f32; sp.channels];
                 let mut var = vec![0.0f32; sp.channels];
@@ -759,10 +748,19 @@ impl NeuralGpu {
                     copy_h2d(s, var.as_ptr() as *const u8, sp.var, 4 * sp.channels)
                         .map_err(driver("statistics upload"))?;
                 }
-                // the chains that Gram launch computed over the statistics before the hook
-                // (`program::stat_chains`) run again over the changed ones
+                // the chains a Gram launch that ran computed over the statistics before the
+                // hook (`program::stat_chains`) run again over the changed ones, those whose
+                // stage is still to come: their outputs are live and unread (their buffers are
+                // held from the Gram's stage to their last reader); an earlier chain's readers
+                // have run and its buffer may hold another tensor by now
+                let ran = &self.program.launches[..from];
+                let done = ran.last().map(|l| l.stage);
                 for (gram, chain) in &self.program.stat_chains {
-                    if recent_grams.contains(gram) {
+                    if done.is_some_and(|d| chain.stage > d)
+                        && ran
+                            .iter()
+                            .any(|l| l.kernel == Kernel::MomentsGram && l.stage == *gram)
+                    {
                         self.enqueue(chain)?;
                     }
                 }
@@ -823,7 +821,7 @@ impl NeuralGpu {
     }
 
     /// Runs one frame eagerly for calibration: each stage output's magnitudes, reduced on the
-    /// device (`nn_range`: 24 bytes a stage come back, not the tensor; the real tiny's stage
+    /// device (`nn_range`: a 40-byte block a stage comes back, not the tensor; the real tiny's stage
     /// outputs at 1080p are 1.5 GB in fp32, hayao_class's 4.8 GB), and every normalization's
     /// statistics go to the observers.
     pub fn run_calibration(
@@ -847,7 +845,7 @@ impl NeuralGpu {
         })
     }
 
-    /// The magnitudes of the values at `p` (`nn_range` into `block`, then 24 bytes down).
+    /// The magnitudes of the values at `p` (`nn_range` into `block`, then the block down).
     fn output_range(
         &self,
         block: &DeviceBlock,

@@ -2757,13 +2757,21 @@ pub fn build(
                     cout as i32,
                     y_nhwc || y.channels_last.is_some(),
                 );
+                // an fp32 input read as two fp16 halves (`Storage::split`): the planar gather
+                // only (its second pass over the chunks)
+                let split = mma
+                    && resize.is_none()
+                    && !nhwc
+                    && split_input(l, storage, &s.nodes[0].input[0]);
                 // a few-channel input (the stem) packs several horizontal taps into a chunk,
-                // gathered by the general path's loads (not a folded Resize, fp16 output)
-                let pack = if mma && resize.is_none() && y.half && x.channels_last.is_none() {
-                    tap_pack(cin, kw)
-                } else {
-                    1
-                };
+                // gathered by the general path's loads (not a folded Resize, fp16 output, not
+                // split)
+                let pack =
+                    if mma && resize.is_none() && y.half && x.channels_last.is_none() && !split {
+                        tap_pack(cin, kw)
+                    } else {
+                        1
+                    };
                 // a narrow channels-last layer (the output convolution) pairs its taps in N
                 let paired = mma
                     && pack == 1
@@ -2844,11 +2852,7 @@ pub fn build(
                     x_ps,
                     x_f32: if x.half {
                         0
-                    } else if mma
-                        && resize.is_none()
-                        && !nhwc
-                        && split_input(l, storage, &s.nodes[0].input[0])
-                    {
+                    } else if split {
                         2
                     } else {
                         1
