@@ -445,11 +445,7 @@ __device__ __forceinline__ void nn_tc_fetch(const NnConv* __restrict__ p, int kc
                 const int ic = kc * 16 + c;
                 const float f = ic < cin ? __ldg(xf + (long long)ic * p->x_cs) : 0.0f;
                 const unsigned short hi = float_to_half_bits(f);
-                // (past fp16's range the high half is infinite, as fp16 storage would be; its
-                // low half 0, not the NaN of inf - inf)
-                h[c] = !lo                        ? hi
-                       : (hi & 0x7fffu) == 0x7c00u ? (unsigned short)0
-                                                   : float_to_half_bits(f - half_bits_to_float(hi));
+                h[c] = lo ? float_to_half_bits(f - half_bits_to_float(hi)) : hi;
             }
         } else {
             const unsigned short* __restrict__ x = (const unsigned short*)p->x + off;
@@ -2172,8 +2168,8 @@ __device__ __forceinline__ void nn_atomic_add_f64(double* a, double v)
 
 // Calibration (not in a program): a stage output's finite values' sum of squares and largest
 // magnitude, and how many values are not finite, added into the parameter block's result
-// fields; the host reads the 40-byte block back instead of the whole tensor. Each thread sums its values in
-// double, as the host's record does.
+// fields; the host reads the 40-byte block back, not the whole tensor. Each thread sums its
+// values in double, as the host's record does.
 extern "C" __global__ void nn_range(NnRange* __restrict__ p)
 {
     const long long n = (long long)p->n;
