@@ -714,8 +714,9 @@ impl NeuralGpu {
             self.smoothing = keep;
             up?;
             let mut from = 0;
-            for (k, sp) in self.program.stats.clone().iter().enumerate() {
-                let to = self
+            let this: &Self = self;
+            for (k, sp) in this.program.stats.iter().enumerate() {
+                let to = this
                     .program
                     .launches
                     .iter()
@@ -724,25 +725,15 @@ impl NeuralGpu {
                             && matches!(l.kernel, Kernel::Moments | Kernel::MomentsGram)
                     })
                     .map_or(from, |p| p + 1);
-                self.enqueue_range(from, to)?;
+                this.enqueue_range(from, to)?;
                 from = to;
-                let mut mean = vec![0.0f32; sp.channels];
-                let mut var = vec![0.0f32; sp.channels];
-                // SAFETY: mean and var hold `channels` f32 each in the static block; the host
-                // vectors are as long; synchronised before they are read, and again (below)
-                // before they are dropped.
-                unsafe {
-                    let s = self.stream.cu_stream();
-                    copy_d2h(s, sp.mean, mean.as_mut_ptr() as *mut u8, 4 * sp.channels)
-                        .map_err(driver("statistics download"))?;
-                    copy_d2h(s, sp.var, var.as_mut_ptr() as *mut u8, 4 * sp.channels)
-                        .map_err(driver("statistics download"))?;
-                }
-                self.synchronize()?;
+                let [mean, var] = sp.places();
+                let (mut mean, mut var) = (this.read_place(mean)?, this.read_place(var)?);
                 hook(k, &mut mean, &mut var);
-                // SAFETY: as above, the other way.
+                // SAFETY: mean and var hold `channels` f32 each in the static block, the host
+                // vectors as many; synchronised (below) before they are dropped.
                 unsafe {
-                    let s = self.stream.cu_stream();
+                    let s = this.stream.cu_stream();
                     copy_h2d(s, mean.as_ptr() as *const u8, sp.mean, 4 * sp.channels)
                         .map_err(driver("statistics upload"))?;
                     copy_h2d(s, var.as_ptr() as *const u8, sp.var, 4 * sp.channels)
@@ -753,18 +744,18 @@ impl NeuralGpu {
                 // stage is still to come: their outputs are live and unread (their buffers are
                 // held from the Gram's stage to their last reader); an earlier chain's readers
                 // have run and its buffer may hold another tensor by now
-                let ran = &self.program.launches[..from];
+                let ran = &this.program.launches[..from];
                 let done = ran.last().map(|l| l.stage);
-                for (gram, chain) in &self.program.stat_chains {
+                for (gram, chain) in &this.program.stat_chains {
                     if done.is_some_and(|d| chain.stage > d)
                         && ran
                             .iter()
                             .any(|l| l.kernel == Kernel::MomentsGram && l.stage == *gram)
                     {
-                        self.enqueue(chain)?;
+                        this.enqueue(chain)?;
                     }
                 }
-                self.synchronize()?;
+                this.synchronize()?;
             }
             self.enqueue_range(from, self.program.launches.len())?;
             self.download_output(output)?;
@@ -922,24 +913,14 @@ impl NeuralGpu {
                     .count();
             self.enqueue_range(from, to)?;
             from = to;
-            for p in self.program.stage_outputs[stage].clone() {
-                observe(self, stage, p)?;
+            let this: &Self = self;
+            for &p in &this.program.stage_outputs[stage] {
+                observe(this, stage, p)?;
             }
-            for (k, sp) in self.program.stats.clone().iter().enumerate() {
+            for (k, sp) in this.program.stats.iter().enumerate() {
                 if sp.stage == stage {
-                    let mean = self.read_place(program::Place {
-                        addr: sp.mean,
-                        half: false,
-                        elements: sp.channels as u64,
-                        channels_last: None,
-                    })?;
-                    let var = self.read_place(program::Place {
-                        addr: sp.var,
-                        half: false,
-                        elements: sp.channels as u64,
-                        channels_last: None,
-                    })?;
-                    stats(k, &mean, &var);
+                    let [mean, var] = sp.places();
+                    stats(k, &this.read_place(mean)?, &this.read_place(var)?);
                 }
             }
         }

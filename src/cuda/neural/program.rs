@@ -713,6 +713,18 @@ pub struct StatsPlace {
     pub channels: usize,
 }
 
+impl StatsPlace {
+    /// The mean and the variance as places (fp32, `channels` values each).
+    pub fn places(&self) -> [Place; 2] {
+        [self.mean, self.var].map(|addr| Place {
+            addr,
+            half: false,
+            elements: self.channels as u64,
+            channels_last: None,
+        })
+    }
+}
+
 /// Tensor cores for fp16 convolutions unless `TOONFLOW_NEURAL_MMA=0` (the executor uses them
 /// on sm_80+ only; tests/neural_cuda.rs checks both paths).
 pub fn tensor_cores_default() -> bool {
