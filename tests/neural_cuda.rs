@@ -2174,3 +2174,79 @@ fn calibration_ranges_on_the_device_match_the_host_readback() {
         }
     }
 }
+
+/// Stages calibration would keep fp32 for their variance are stored in fp16 centered on the
+/// calibration frame's channel means (`neural::center`): the centered network on the GPU
+/// computes the CPU reference's function (fp32 storage within 1e-3; its calibrated storage at
+/// 40 dB or better on another photo, no worse than keeping those stages fp32), with more fp16
+/// stages and no more arena. Calibrated on the CPU (chelsea), checked on coffee.
+#[test]
+fn centered_stages_keep_the_function_in_fp16() {
+    need_gpu!();
+    use gsttoonflow::neural::precision::{
+        Calibrator, Reason, StoragePrecision, calibrate, calibrate_with,
+    };
+    let mut centered_somewhere = false;
+    let mut models: Vec<(NeuralModel, usize, usize)> = generated();
+    models.push((hayao_class(), 256, 144));
+    for (model, w, h) in &models {
+        let calib = photo_tensor(model, "chelsea.png", *w, *h);
+        let input = photo_tensor(model, "coffee.png", *w, *h);
+        let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+        let plan = calibrate(&spec, std::slice::from_ref(&calib)).unwrap();
+        let fp32_plan =
+            calibrate_with(Calibrator::new(&spec).without_centering(), &spec, &[calib]).unwrap();
+        let centered = plan
+            .decisions
+            .iter()
+            .filter(|d| d.reason == Reason::Centered)
+            .count();
+        centered_somewhere |= centered > 0;
+        let network = plan.network(&spec).unwrap();
+        let cpu = spec.run(&input, None).unwrap();
+        let out32 = run_gpu(&mut gpu(&network, false, false), &input);
+        let d32 = max_abs(&cpu, &out32);
+        assert!(
+            d32 <= 1e-3,
+            "{} centered, fp32 storage: {d32}",
+            model.name()
+        );
+        let run = |plan: &gsttoonflow::neural::precision::PrecisionPlan| {
+            let net = plan.network(&spec).unwrap();
+            let mut g = NeuralGpu::new(0, &net, &Storage::from_plan(plan), 0, false).unwrap();
+            let out = run_gpu(&mut g, &input);
+            (
+                psnr(&cpu, &out),
+                g.program().arena.arena_bytes,
+                g.program().launches.len(),
+            )
+        };
+        let (p_centered, arena_centered, launches_centered) = run(&plan);
+        let (p_fp32, arena_fp32, launches_fp32) = run(&fp32_plan);
+        println!(
+            "{} {}x{}: {centered} stages centered, fp16 stages {} (fp32 kept: {}); PSNR {p_centered:.1} dB \
+             (fp32 kept {p_fp32:.1}), arena {arena_centered} B ({arena_fp32}), launches \
+             {launches_centered} ({launches_fp32}); fp32 storage max abs {d32:.2e}",
+            model.name(),
+            input.shape[2],
+            input.shape[1],
+            plan.count(StoragePrecision::Fp16),
+            fp32_plan.count(StoragePrecision::Fp16),
+        );
+        assert!(p_centered >= 40.0, "{}: {p_centered:.1} dB", model.name());
+        assert!(
+            p_centered + 1.0 >= p_fp32,
+            "{}: {p_centered:.1} < {p_fp32:.1}",
+            model.name()
+        );
+        assert!(arena_centered <= arena_fp32, "{}", model.name());
+        assert_eq!(
+            plan.count(StoragePrecision::Fp16),
+            fp32_plan.count(StoragePrecision::Fp16) + centered
+        );
+    }
+    assert!(
+        centered_somewhere,
+        "no generated model has a stage to center"
+    );
+}

@@ -277,6 +277,16 @@ impl Specialised {
         &self.lowered
     }
 
+    /// The same network with stage outputs stored centered (`centers[i] = Some(c)`: stage i's
+    /// output minus `c` per channel, its readers taking `c` back; [`super::center`]). It
+    /// computes the same function.
+    pub fn centered(&self, centers: &[Option<Vec<f32>>]) -> Result<Specialised, NeuralError> {
+        Ok(Specialised {
+            lowered: super::center::centered(&self.lowered, centers)?,
+            ..self.clone()
+        })
+    }
+
     /// Nodes left after folding, before lowering.
     pub fn unlowered_node_count(&self) -> usize {
         self.shaped.nodes.len()

@@ -4,6 +4,7 @@
 //! Plain Rust, no GStreamer and no CUDA: the element and the tests drive it through
 //! [`engine`].
 
+pub mod center;
 pub mod engine;
 pub mod frame;
 pub mod graph;

@@ -14,6 +14,11 @@
 //! - **underflow**: its root-mean-square lies below fp16's smallest normal value (2^-14), where
 //!   the relative step grows (a softmax over 32,400 positions at 1080p writes ~3e-5).
 //!
+//! A stage that would lose its variance only because its channels sit far from zero (a mean
+//! of 0.45 against a deviation of 0.016) is stored in fp16 *centered* instead when the graph
+//! allows it ([`super::center`]): as `x − c`, `c` the calibration frame's per-channel means,
+//! subtracted in the producing convolution's bias and taken back where a reader needs it.
+//!
 //! Everything else is stored in fp16. Normalization statistics, and per-channel values derived
 //! from them (`[N, C, 1, 1]` outputs such as √(var + eps)), are always fp32. Accumulation is always fp32;
 //! this module decides storage only.
@@ -78,6 +83,9 @@ pub enum Reason {
     Overflow,
     /// fp16 rounding noise / channel deviation > [`VARIANCE_TOLERANCE`] (worst channel).
     Variance,
+    /// As `Variance`, but stored in fp16 centered on the calibrated channel means
+    /// ([`super::center`]), where the noise fits.
+    Centered,
     /// Root-mean-square below [`FP16_MIN_NORMAL`] (and not all zero).
     Underflow,
     /// The stage writes normalization statistics or per-channel values derived from them:
@@ -95,6 +103,7 @@ impl Reason {
             Reason::Fits => "fits fp16",
             Reason::Overflow => "overflow",
             Reason::Variance => "variance",
+            Reason::Centered => "centered",
             Reason::Underflow => "underflow",
             Reason::Statistics => "statistics",
             Reason::Unobserved => "unobserved",
@@ -118,6 +127,10 @@ pub struct StageDecision {
     /// When a normalization reads this output: the worst channel's fp16 rounding noise over its
     /// standard deviation.
     pub norm_noise: Option<f32>,
+    /// `Reason::Centered`: the per-channel values subtracted before storage (the calibration
+    /// frame's channel means) and the worst normalized noise stored that way.
+    pub center: Option<Vec<f32>>,
+    pub centered_noise: Option<f32>,
 }
 
 /// Storage precision per stage output (one entry per lowered stage).
@@ -142,6 +155,8 @@ impl PrecisionPlan {
             absmax: f32::NAN,
             rms: f32::NAN,
             norm_noise: None,
+            center: None,
+            centered_noise: None,
         };
         PrecisionPlan {
             label: format!("uniform {}", precision.label()),
@@ -170,6 +185,21 @@ impl PrecisionPlan {
         self.stage(i).bytes()
     }
 
+    /// Per stage, the values its output is stored minus (`Reason::Centered`), for
+    /// [`Specialised::centered`].
+    pub fn centers(&self) -> Vec<Option<Vec<f32>>> {
+        self.decisions.iter().map(|d| d.center.clone()).collect()
+    }
+
+    /// The network this plan stores: `spec` with its centered stages rewritten
+    /// ([`super::center`]), or `spec` itself when none is centered.
+    pub fn network(&self, spec: &Specialised) -> Result<Specialised, NeuralError> {
+        if self.decisions.iter().all(|d| d.center.is_none()) {
+            return Ok(spec.clone());
+        }
+        spec.centered(&self.centers())
+    }
+
     /// Stages stored in `precision`.
     pub fn count(&self, precision: StoragePrecision) -> usize {
         self.decisions
@@ -192,7 +222,10 @@ impl PrecisionPlan {
             .iter()
             .enumerate()
             .map(|(i, d)| {
-                let noise = d.norm_noise.map_or("-".to_string(), |n| format!("{n:.1e}"));
+                let mut noise = d.norm_noise.map_or("-".to_string(), |n| format!("{n:.1e}"));
+                if let Some(c) = d.centered_noise.filter(|_| d.reason == Reason::Centered) {
+                    noise = format!("{noise} -> {c:.1e}");
+                }
                 format!(
                     "  stage {i:>3} {:<11} {}  {:<10}  absmax {:>9}  rms {:>9}  norm noise {:>7}  {}",
                     d.kind,
@@ -211,7 +244,8 @@ impl PrecisionPlan {
     pub fn ledger(&self) -> String {
         let mut s = format!(
             "precision plan of {} ({} stages, {} calibration frames; fp32 when absmax x{} \
-             >= {FP16_MAX}, normalized noise > 1/{:.0}, or rms < 2^-14):\n",
+             >= {FP16_MAX}, normalized noise > 1/{:.0} (centered on the channel means where the \
+             graph allows), or rms < 2^-14):\n",
             self.label,
             self.len(),
             self.frames,
@@ -229,6 +263,15 @@ impl PrecisionPlan {
         ));
         s
     }
+}
+
+/// fp16's rounding noise (step/√12) at the root-mean-square of a channel of mean `mean` and
+/// variance `var`, over the channel's standard deviation (what the normalization after it
+/// sees).
+fn normalized_noise(mean: f32, var: f32) -> f32 {
+    let var = var.max(0.0);
+    let rms = (mean * mean + var).sqrt();
+    fp16_step(rms) / 12f32.sqrt() / (var + NORM_EPS).sqrt()
 }
 
 /// fp16's rounding step at magnitude `m` (the spacing of fp16 values there).
@@ -366,6 +409,14 @@ pub struct Calibrator {
     ranges: Vec<Range>,
     /// Per stage: the worst normalized fp16 noise seen through the statistics.
     norm_noise: Vec<Option<f32>>,
+    /// Per stage: whether the graph lets its output be stored centered, and if so the first
+    /// calibration frame's channel means, the worst normalized noise centered on them, the
+    /// centered mean square (sum over channels and frames, count).
+    centerable: Vec<bool>,
+    centers: Vec<Option<Vec<f32>>>,
+    centered_noise: Vec<Option<f32>>,
+    centered_squares: Vec<(f64, usize)>,
+    centering: bool,
     frames: usize,
 }
 
@@ -418,8 +469,20 @@ impl Calibrator {
             normalized_producer,
             ranges: vec![Range::default(); stages.len()],
             norm_noise: vec![None; stages.len()],
+            centerable: super::center::centerable(lowered),
+            centers: vec![None; stages.len()],
+            centered_noise: vec![None; stages.len()],
+            centered_squares: vec![(0.0, 0); stages.len()],
+            centering: true,
             frames: 0,
         }
+    }
+
+    /// Decides without centered storage (a stage losing its variance stays fp32), for
+    /// comparisons (`TOONFLOW_NEURAL_CENTER=0` in the element).
+    pub fn without_centering(mut self) -> Self {
+        self.centering = false;
+        self
     }
 
     /// Counts one calibration frame (call once per frame, before or after its records).
@@ -463,15 +526,28 @@ impl Calibrator {
         let worst = mean
             .iter()
             .zip(var)
-            .map(|(&m, &v)| {
-                let v = v.max(0.0);
-                let rms = (m * m + v).sqrt();
-                let noise = fp16_step(rms) / 12f32.sqrt();
-                noise / (v + NORM_EPS).sqrt()
-            })
+            .map(|(&m, &v)| normalized_noise(m, v))
             .fold(0.0f32, f32::max);
         let slot = &mut self.norm_noise[stage];
         *slot = Some(slot.map_or(worst, |w| w.max(worst)));
+        if !self.centerable[stage] {
+            return;
+        }
+        let center = self.centers[stage].get_or_insert_with(|| mean.to_vec());
+        if center.len() != mean.len() {
+            self.centerable[stage] = false;
+            return;
+        }
+        let (mut worst, mut squares) = (0.0f32, 0.0f64);
+        for ((&m, &v), &c) in mean.iter().zip(var).zip(center.iter()) {
+            worst = worst.max(normalized_noise(m - c, v));
+            squares += f64::from(m - c).powi(2) + f64::from(v.max(0.0));
+        }
+        let slot = &mut self.centered_noise[stage];
+        *slot = Some(slot.map_or(worst, |w| w.max(worst)));
+        let (sum, n) = &mut self.centered_squares[stage];
+        *sum += squares;
+        *n += mean.len();
     }
 
     /// The decision per stage from what was recorded.
@@ -497,14 +573,18 @@ impl Calibrator {
                 } else if r.non_finite || absmax * OVERFLOW_HEADROOM >= FP16_MAX {
                     Reason::Overflow
                 } else if noise.is_some_and(|n| n > VARIANCE_TOLERANCE) {
-                    Reason::Variance
+                    if self.centering && self.centered_fits(i, absmax) {
+                        Reason::Centered
+                    } else {
+                        Reason::Variance
+                    }
                 } else if rms < FP16_MIN_NORMAL && absmax > 0.0 {
                     Reason::Underflow
                 } else {
                     Reason::Fits
                 };
                 StageDecision {
-                    precision: if reason == Reason::Fits {
+                    precision: if matches!(reason, Reason::Fits | Reason::Centered) {
                         StoragePrecision::Fp16
                     } else {
                         StoragePrecision::Fp32
@@ -515,6 +595,10 @@ impl Calibrator {
                     absmax,
                     rms,
                     norm_noise: noise,
+                    center: (reason == Reason::Centered)
+                        .then(|| self.centers[i].clone())
+                        .flatten(),
+                    centered_noise: self.centered_noise[i],
                 }
             })
             .collect();
@@ -523,6 +607,22 @@ impl Calibrator {
             frames: self.frames,
             decisions,
         }
+    }
+
+    /// Whether stage `i` (of calibrated largest magnitude `absmax`) fits fp16 centered: its
+    /// normalized noise does, `absmax` plus the largest center keeps the overflow headroom,
+    /// and the centered values are not below fp16's normal range.
+    fn centered_fits(&self, i: usize, absmax: f32) -> bool {
+        let (Some(center), Some(noise)) = (&self.centers[i], self.centered_noise[i]) else {
+            return false;
+        };
+        let (sum, n) = self.centered_squares[i];
+        let rms = (sum / n.max(1) as f64).sqrt() as f32;
+        let shift = center.iter().fold(0.0f32, |a, c| a.max(c.abs()));
+        self.centerable[i]
+            && noise <= VARIANCE_TOLERANCE
+            && (absmax + shift) * OVERFLOW_HEADROOM < FP16_MAX
+            && rms >= FP16_MIN_NORMAL
     }
 
     /// The stage writing `value`, if a stage does.
@@ -534,13 +634,21 @@ impl Calibrator {
 /// Runs `frames` (the model's layout and value range, the specialised size) through the CPU
 /// reference and decides each stage's storage precision.
 pub fn calibrate(spec: &Specialised, frames: &[Tensor<f32>]) -> Result<PrecisionPlan, NeuralError> {
+    calibrate_with(Calibrator::new(spec), spec, frames)
+}
+
+/// [`calibrate`] with a calibrator of the caller's (e.g. [`Calibrator::without_centering`]).
+pub fn calibrate_with(
+    mut calibrator: Calibrator,
+    spec: &Specialised,
+    frames: &[Tensor<f32>],
+) -> Result<PrecisionPlan, NeuralError> {
     if frames.is_empty() {
         return Err(NeuralError::Model(format!(
             "calibrating '{}' needs at least one frame",
             spec.model_name()
         )));
     }
-    let mut calibrator = Calibrator::new(spec);
     for frame in frames {
         let stats = std::cell::RefCell::new(Vec::new());
         let mut hook = |index: usize, mean: &mut [f32], var: &mut [f32]| {
@@ -576,6 +684,7 @@ pub fn emulate(
             spec.stage_count()
         )));
     }
+    let network = plan.network(spec)?;
     let mut round = |stage: usize, _name: &str, value: &mut Value| {
         if plan.stage(stage) == StoragePrecision::Fp16
             && let Value::Float(t) = value
@@ -583,7 +692,7 @@ pub fn emulate(
             t.data.iter_mut().for_each(|v| *v = round_to_fp16(*v));
         }
     };
-    spec.run_observed(input, None, Some(&mut round))
+    network.run_observed(input, None, Some(&mut round))
 }
 
 #[cfg(test)]
@@ -808,16 +917,20 @@ mod tests {
     }
 
     #[test]
-    fn a_normalized_stage_whose_variance_fp16_cannot_resolve_is_fp32() {
+    fn a_normalized_stage_whose_variance_fp16_cannot_resolve_is_centered_or_fp32() {
         // mean 500, deviation ~0.006: fp16's step at 500 is 0.25
         let spec = normalized_model(0.01, 500.0).specialise(16, 16).unwrap();
         let f = frames(2, 16, 16);
-        let plan = calibrate(&spec, &f).unwrap();
+        let plan = calibrate_with(Calibrator::new(&spec).without_centering(), &spec, &f).unwrap();
         print!("{}", plan.ledger());
         let a = stage_of(&spec, "a");
         assert_eq!(plan.stage(a), StoragePrecision::Fp32);
         assert_eq!(plan.decisions[a].reason, Reason::Variance);
         assert!(plan.decisions[a].norm_noise.unwrap() > 1.0);
+        assert_eq!(
+            plan.network(&spec).unwrap().lowered().consts.len(),
+            spec.lowered().consts.len()
+        );
         // the statistics stage is fp32, whatever the data
         let stats: Vec<&StageDecision> = plan
             .decisions
@@ -832,6 +945,27 @@ mod tests {
         println!("variance model: calibrated max error {calibrated:e}, all-fp16 {fp16:e}");
         assert!(calibrated < 1e-2, "calibrated {calibrated}");
         assert!(fp16 > 0.5, "all-fp16 error {fp16}");
+
+        // centered on the first frame's channel means (the Sub and the moments are its only
+        // readers), the stage fits fp16 and keeps the error of fp32 storage
+        let centered = calibrate(&spec, &f).unwrap();
+        print!("{}", centered.ledger());
+        let d = &centered.decisions[a];
+        assert_eq!(
+            (d.precision, d.reason),
+            (StoragePrecision::Fp16, Reason::Centered)
+        );
+        assert!(
+            d.centered_noise.unwrap() < VARIANCE_TOLERANCE,
+            "{}",
+            centered.ledger()
+        );
+        let c = d.center.as_ref().unwrap();
+        assert!(c.iter().all(|&m| (m - 500.0).abs() < 0.05), "{c:?}");
+        assert!(centered.ledger().contains("centered"));
+        let (centered_error, _) = errors(&spec, &centered, &f[1]);
+        println!("centered: max error {centered_error:e}");
+        assert!(centered_error < 1e-2, "centered {centered_error}");
 
         // the same network on a well-scaled activation stores it in fp16
         let spec = normalized_model(1.0, 0.5).specialise(16, 16).unwrap();

@@ -117,7 +117,7 @@ impl NeuralCuda {
         }
         Ok(NeuralCuda {
             overlap: None,
-            calibrating: fp16.then(|| Calibrator::new(&f.network)),
+            calibrating: fp16.then(|| calibrator(&f.network)),
             precision: None,
             gpu: Some(gpu),
             frames,
@@ -431,6 +431,8 @@ impl NeuralCuda {
             plan.len(),
             plan.ledger()
         ));
+        // centered stages change the network's biases and chains, not what it computes
+        self.f.network = plan.network(&self.f.network)?;
         self.rebuild(&Storage::from_plan(&plan))?;
         self.precision = Some(plan);
         Ok(())
@@ -509,6 +511,17 @@ fn no_device_frames() -> NeuralGpuError {
         "the neural frame path is not on the device (or its network has no device memory)".into(),
     )
     .into()
+}
+
+/// The calibrator of `precision=fp16`; `TOONFLOW_NEURAL_CENTER=0` keeps stages that lose
+/// their variance fp32 instead of storing them centered (for comparisons).
+fn calibrator(network: &crate::neural::engine::Specialised) -> Calibrator {
+    let calibrator = Calibrator::new(network);
+    if std::env::var("TOONFLOW_NEURAL_CENTER").is_ok_and(|v| v == "0") {
+        calibrator.without_centering()
+    } else {
+        calibrator
+    }
 }
 
 /// The frame path on the device unless `TOONFLOW_NEURAL_DEVICE_FRAMES=0`.
