@@ -44,6 +44,22 @@ fn conv_keeps_shifts(n: &super::onnx::NodeProto) -> bool {
         && matches!(auto_pad.as_str(), "" | "NOTSET" | "VALID")
 }
 
+/// A Conv of constant rank-4 weights and a constant bias or none (the rewrite changes its
+/// bias).
+fn constant_conv(l: &Lowered, n: &super::onnx::NodeProto) -> bool {
+    let weights = n
+        .input
+        .get(1)
+        .and_then(|w| float_const(l, w))
+        .is_some_and(|w| w.shape.len() == 4);
+    let bias = n
+        .input
+        .get(2)
+        .filter(|b| !b.is_empty())
+        .is_none_or(|b| float_const(l, b).is_some());
+    weights && bias
+}
+
 /// A reflect or edge Pad of H and W only: every padded value is a value of its channel.
 fn pad_keeps_shifts(l: &Lowered, n: &super::onnx::NodeProto) -> bool {
     let mode = n.attr("mode").map_or(String::new(), |a| {
@@ -67,19 +83,33 @@ pub fn refusal(l: &Lowered, i: usize) -> Option<&'static str> {
     let [x] = s.outputs.as_slice() else {
         return Some("not one output");
     };
-    let producer = match s.kind {
-        StageKind::Conv => s.nodes.last().is_some_and(|n| n.op_type == "Conv"),
-        StageKind::Elementwise => s.nodes.last().is_some_and(|n| n.output.first() == Some(x)),
+    let producer = match (s.kind, s.nodes.last()) {
+        (StageKind::Conv, Some(n)) => n.op_type == "Conv" && constant_conv(l, n),
+        // a chain ending in an activation runs its affine part and the activation in one
+        // pass on the GPU; a shift after the activation would take that away
+        (StageKind::Elementwise, Some(n)) => {
+            n.output.first() == Some(x)
+                && matches!(n.op_type.as_str(), "Add" | "Sub" | "Mul" | "Div")
+        }
         _ => false,
     };
     if !producer {
-        return Some("not a convolution without an activation after it, nor a chain");
+        return Some(
+            "not a convolution of constant weights without an activation after it, nor a \
+             chain ending in a binary operator",
+        );
     }
     if *x == l.output {
         return Some("the network's output");
     }
-    if l.shapes.get(x).is_none_or(|sh| sh.len() != 4) {
-        return Some("not NCHW");
+    if l.shapes.get(x).is_none_or(|sh| sh.len() != 4 || sh[0] != 1) {
+        return Some("not one NCHW image");
+    }
+    if [format!("{x}.center"), format!("{x}.uncentered")]
+        .iter()
+        .any(|n| l.consts.contains_key(n) || l.shapes.contains_key(n))
+    {
+        return Some("already centered");
     }
     // the means of `x` (moments normalizations of it)
     let means: Vec<&String> = l
@@ -103,6 +133,7 @@ pub fn refusal(l: &Lowered, i: usize) -> Option<&'static str> {
                         && n.input[0] == *x
                         && n.input[1..].iter().all(|v| v != x)
                         && conv_keeps_shifts(n)
+                        && constant_conv(l, n)
                 }
                 "Pad" => {
                     r.kind == StageKind::Conv
@@ -110,7 +141,9 @@ pub fn refusal(l: &Lowered, i: usize) -> Option<&'static str> {
                         && n.input[0] == *x
                         && pad_keeps_shifts(l, n)
                         && r.nodes.get(1).is_some_and(|c| {
-                            c.input.first() == n.output.first() && conv_keeps_shifts(c)
+                            c.input.first() == n.output.first()
+                                && conv_keeps_shifts(c)
+                                && constant_conv(l, c)
                         })
                 }
                 _ => false,
@@ -189,7 +222,11 @@ fn add_to_bias(l: &mut Lowered, j: usize, k: usize, delta: &[f32]) -> Result<(),
         )));
     }
     bias.iter_mut().zip(delta).for_each(|(b, d)| *b += d);
-    let name = format!("{}.centered_bias", n.output[0]);
+    // a reader of two centered tensors, or a centered reader, adjusts its bias again
+    let name = (0..)
+        .map(|k| format!("{}.centered_bias{k}", n.output[0]))
+        .find(|name| !l.consts.contains_key(name))
+        .expect("a free name");
     let c = bias.len();
     l.consts
         .insert(name.clone(), Value::Float(Tensor::new(vec![c], bias)));
@@ -292,6 +329,9 @@ pub fn centered(l: &Lowered, centers: &[Option<Vec<f32>>]) -> Result<Lowered, Ne
             .collect();
         for m in &means {
             let center = format!("{m}.center");
+            if out.consts.contains_key(&center) {
+                return Err(NeuralError::Graph(format!("'{m}' is already centered")));
+            }
             let shape = out
                 .shapes
                 .get(m)
@@ -359,21 +399,28 @@ mod tests {
     }
 
     /// AnimeGANv3's self-modulated normalization of `a` (a 3x3 conv of the reflect-padded
-    /// input, no bias): `(a − m_a)/s_a · s_b + m_b` with b a 1x1 conv of a, then a leaky Relu;
-    /// plus, when `extra` names an op, a second reader of `a` ("Pad" a reflect-padded 3x3
-    /// conv, "ConstPad" a zero-padded one, "Add" a residual sum), added to the output.
-    fn modulated(extra: Option<&str>) -> Specialised {
-        let pads = |name: &str| int64_tensor(name, &[8], &[0, 0, 1, 1, 0, 0, 1, 1]);
-        let mut inits = vec![
+    /// input, no bias): `(a − m_a)/s_a · s_b ⊕ m_b` with b a 1x1 conv of a and ⊕ per
+    /// `mean_op` ("Add": `+ m_b`, "Sub": `− m_b`, "RSub": `m_b − ·`), then a leaky Relu; plus,
+    /// when `extra` names one, a second reader of `a` added to the result: "Pad" a
+    /// reflect-padded 3x3 conv, "Edge" an edge-padded one, "Dilated" a reflect-padded 3x3 conv
+    /// of dilation 2, "ConstPad" a zero-padded one, "Group" a two-group one, "Instance" an
+    /// InstanceNormalization, "Add" `a` itself (a residual).
+    fn modulated(mean_op: &str, extra: Option<&str>) -> Specialised {
+        let pads = |name: &str, p: i64| int64_tensor(name, &[8], &[0, 0, p, p, 0, 0, p, p]);
+        let inits = vec![
             weights("wa", &[4, 3, 3, 3], 1, 0.5),
             weights("wb", &[4, 4, 1, 1], 2, 0.5),
             weights("wc", &[4, 4, 3, 3], 3, 0.3),
+            weights("wg", &[4, 2, 3, 3], 5, 0.3),
             weights("wo", &[3, 4, 1, 1], 4, 0.5),
+            weights("in_scale", &[4], 6, 1.0),
+            weights("in_bias", &[4], 7, 1.0),
             float_tensor("eps", &[1], &[1e-5]),
-            pads("pads_in"),
-            pads("pads_c"),
+            float_tensor("ba", &[4], &[0.4, -0.3, 0.2, 0.6]),
+            pads("pads_in", 1),
+            pads("pads_1", 1),
+            pads("pads_2", 2),
         ];
-        inits.push(float_tensor("ba", &[4], &[0.4, -0.3, 0.2, 0.6]));
         let moments = |x: &str, nodes: &mut Vec<NodeProto>| {
             let (m, d, sq, v, ve, s) = (
                 format!("{x}_m"),
@@ -391,40 +438,72 @@ mod tests {
             nodes.push(node("Sqrt", &[&ve], &[&s], vec![]));
         };
         let k = |n: i64| vec![attr_ints("kernel_shape", &[n, n])];
-        let reflect = || vec![attr_string("mode", "reflect")];
+        let mode = |m: &str| vec![attr_string("mode", m)];
         let mut nodes = vec![
-            node("Pad", &["input", "pads_in"], &["p"], reflect()),
+            node("Pad", &["input", "pads_in"], &["p"], mode("reflect")),
             node("Conv", &["p", "wa", "ba"], &["a"], k(3)),
             node("Conv", &["a", "wb"], &["b"], k(1)),
         ];
         moments("a", &mut nodes);
         moments("b", &mut nodes);
-        nodes.extend([
-            node("Div", &["a_d", "a_s"], &["n"], vec![]),
-            node("Mul", &["n", "b_s"], &["ns"], vec![]),
-            node("Add", &["ns", "b_m"], &["nm"], vec![]),
-            node("LeakyRelu", &["nm"], &["y"], vec![attr_float("alpha", 0.2)]),
-        ]);
-        let mut last = "y".to_string();
-        match extra {
-            Some("Pad") | Some("ConstPad") => {
-                let mode = if extra == Some("Pad") {
-                    reflect()
-                } else {
-                    vec![attr_string("mode", "constant")]
+        nodes.push(node("Div", &["a_d", "a_s"], &["n"], vec![]));
+        nodes.push(node("Mul", &["n", "b_s"], &["ns"], vec![]));
+        nodes.push(match mean_op {
+            "Add" => node("Add", &["ns", "b_m"], &["nm"], vec![]),
+            "Sub" => node("Sub", &["ns", "b_m"], &["nm"], vec![]),
+            _ => node("Sub", &["b_m", "ns"], &["nm"], vec![]),
+        });
+        nodes.push(node(
+            "LeakyRelu",
+            &["nm"],
+            &["y"],
+            vec![attr_float("alpha", 0.2)],
+        ));
+        let second = match extra {
+            Some("Pad") | Some("Edge") | Some("ConstPad") => {
+                let m = match extra {
+                    Some("Pad") => "reflect",
+                    Some("Edge") => "edge",
+                    _ => "constant",
                 };
-                nodes.push(node("Pad", &["a", "pads_c"], &["ap"], mode));
+                nodes.push(node("Pad", &["a", "pads_1"], &["ap"], mode(m)));
                 nodes.push(node("Conv", &["ap", "wc"], &["c"], k(3)));
-                nodes.push(node("Add", &["y", "c"], &["yc"], vec![]));
-                last = "yc".into();
+                Some("c")
             }
-            Some("Add") => {
-                nodes.push(node("Add", &["y", "a"], &["ya"], vec![]));
-                last = "ya".into();
+            Some("Dilated") => {
+                nodes.push(node("Pad", &["a", "pads_2"], &["ap"], mode("reflect")));
+                let mut attrs = k(3);
+                attrs.push(attr_ints("dilations", &[2, 2]));
+                nodes.push(node("Conv", &["ap", "wc"], &["c"], attrs));
+                Some("c")
             }
-            _ => {}
-        }
-        nodes.push(node("Conv", &[&last, "wo"], &["output"], k(1)));
+            Some("Group") => {
+                nodes.push(node("Pad", &["a", "pads_1"], &["ap"], mode("reflect")));
+                let mut attrs = k(3);
+                attrs.push(attr_int("group", 2));
+                nodes.push(node("Conv", &["ap", "wg"], &["c"], attrs));
+                Some("c")
+            }
+            Some("Instance") => {
+                nodes.push(node(
+                    "InstanceNormalization",
+                    &["a", "in_scale", "in_bias"],
+                    &["c"],
+                    vec![attr_float("epsilon", 1e-5)],
+                ));
+                Some("c")
+            }
+            Some("Add") => Some("a"),
+            _ => None,
+        };
+        let last = match second {
+            Some(c) => {
+                nodes.push(node("Add", &["y", c], &["yc"], vec![]));
+                "yc"
+            }
+            None => "y",
+        };
+        nodes.push(node("Conv", &[last, "wo"], &["output"], k(1)));
         let g = GraphProto {
             name: "center_test".into(),
             node: nodes,
@@ -436,6 +515,17 @@ mod tests {
         NeuralModel::from_bytes(&encode_model(&model(g, 15)), "center_test")
             .unwrap()
             .specialise(12, 16)
+            .unwrap()
+    }
+
+    /// The stage of the chain that reads b's mean.
+    fn chain_reading_b_m(l: &Lowered) -> usize {
+        l.stages
+            .iter()
+            .position(|st| {
+                st.kind == StageKind::Elementwise
+                    && st.nodes.iter().any(|n| n.input.iter().any(|v| v == "b_m"))
+            })
             .unwrap()
     }
 
@@ -451,41 +541,89 @@ mod tests {
         Tensor::new(vec![1, 3, h, w], noise(3 * h * w, 9, 1.0))
     }
 
+    fn max_diff(a: &Tensor<f32>, b: &Tensor<f32>) -> f32 {
+        a.data
+            .iter()
+            .zip(&b.data)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0.0f32, f32::max)
+    }
+
     #[test]
     fn a_centered_network_computes_the_same_function() {
-        let spec = modulated(Some("Pad"));
-        let (a, b) = (stage_writing(&spec, "a"), stage_writing(&spec, "b"));
-        let l = spec.lowered();
-        assert_eq!(refusal(l, a), None);
-        assert_eq!(refusal(l, b), None);
-        // shifts far larger than the values: anything the rewrite missed shows
-        let reads_b_m = |st: &crate::neural::lower::Stage| {
-            st.nodes
-                .iter()
-                .any(|n| n.op_type == "Add" && n.input.iter().any(|v| v == "b_m"))
-        };
-        let at = l.stages.iter().position(reads_b_m).unwrap();
-        assert_eq!(l.stages[at].kind, StageKind::Elementwise);
-        assert_eq!(refusal(l, at), None);
+        let x = input(12, 16);
+        for mean_op in ["Add", "Sub", "RSub"] {
+            for extra in ["Pad", "Edge", "Dilated", "Instance"] {
+                let what = format!("{mean_op} {extra}");
+                let spec = modulated(mean_op, Some(extra));
+                let l = spec.lowered();
+                let (a, b) = (stage_writing(&spec, "a"), stage_writing(&spec, "b"));
+                let chain = chain_reading_b_m(l);
+                // the chain ends in the Add of the second reader's result: a binary operator
+                for s in [a, b, chain] {
+                    assert_eq!(refusal(l, s), None, "{what}: stage {s}");
+                }
+                // shifts far larger than the values: anything the rewrite missed shows
+                let mut centers = vec![None; spec.stage_count()];
+                centers[a] = Some(vec![40.0, -25.0, 13.0, 70.0]);
+                centers[b] = Some(vec![-60.0, 33.0, 8.0, -17.0]);
+                centers[chain] = Some(vec![5.0, -3.0, 2.0, 9.0]);
+                let c = spec.centered(&centers).unwrap();
+                let (want, got) = (spec.run(&x, None).unwrap(), c.run(&x, None).unwrap());
+                let diff = max_diff(&want, &got);
+                assert!(diff < 1e-4, "{what}: max difference {diff}");
+                assert!(want.data.iter().any(|v| v.abs() > 0.1));
+                // each centered stage alone too
+                for s in [a, b, chain] {
+                    let mut one = vec![None; spec.stage_count()];
+                    one[s] = centers[s].clone();
+                    let got = spec.centered(&one).unwrap().run(&x, None).unwrap();
+                    let diff = max_diff(&want, &got);
+                    assert!(diff < 1e-4, "{what}, stage {s} alone: {diff}");
+                }
+
+                // the chain: b's mean is followed by its correction (Sub after a subtracted
+                // mean, Add after an added one or after `m − ·`), and the chain's own Sub
+                let (old, new) = (&l.stages[chain], &c.lowered().stages[chain]);
+                let at = new
+                    .nodes
+                    .iter()
+                    .position(|n| n.input.iter().any(|v| v == "b_m"))
+                    .unwrap();
+                let fix = &new.nodes[at + 1];
+                assert_eq!(fix.input[1], "b_m.center", "{what}");
+                assert_eq!(fix.op_type, if mean_op == "Sub" { "Sub" } else { "Add" });
+                assert_eq!(new.nodes.len(), old.nodes.len() + 2, "{what}");
+                let end = new.nodes.last().unwrap();
+                assert_eq!((end.op_type.as_str(), &end.output), ("Sub", &old.outputs));
+                // the convolutions reading a (b; c unless an InstanceNormalization reads it),
+                // and a itself, have a bias of their own now
+                let cl = c.lowered();
+                let bias_of = |s: usize| {
+                    let n = cl.stages[s]
+                        .nodes
+                        .iter()
+                        .find(|n| n.op_type == "Conv")
+                        .unwrap();
+                    n.input.get(2).cloned().unwrap_or_default()
+                };
+                let mut convs = vec![a, b];
+                if extra != "Instance" {
+                    convs.push(stage_writing(&spec, "c"));
+                }
+                for s in convs {
+                    assert!(bias_of(s).contains(".centered_bias"), "{what}: stage {s}");
+                }
+            }
+        }
+
+        // the stored values are the shifted ones: a's mean over all channels moves by the
+        // mean center, (40 - 25 + 13 + 70) / 4
+        let spec = modulated("Add", Some("Pad"));
+        let a = stage_writing(&spec, "a");
         let mut centers = vec![None; spec.stage_count()];
         centers[a] = Some(vec![40.0, -25.0, 13.0, 70.0]);
-        centers[b] = Some(vec![-60.0, 33.0, 8.0, -17.0]);
-        // the chain after them too (the output's 1x1 convolution reads it)
-        centers[at] = Some(vec![5.0, -3.0, 2.0, 9.0]);
         let c = spec.centered(&centers).unwrap();
-        let x = input(12, 16);
-        let (want, got) = (spec.run(&x, None).unwrap(), c.run(&x, None).unwrap());
-        let diff = want
-            .data
-            .iter()
-            .zip(&got.data)
-            .map(|(p, q)| (p - q).abs())
-            .fold(0.0f32, f32::max);
-        assert!(diff < 1e-4, "max difference {diff}");
-        assert!(want.data.iter().any(|v| v.abs() > 0.1));
-
-        // and the stored values are the shifted ones: a's mean over all channels moves by the
-        // mean center, (40 - 25 + 13 + 70) / 4
         let mean_of_a = |net: &Specialised| {
             let mut mean = 0.0f32;
             let mut observe = |stage: usize, _: &str, v: &mut Value| {
@@ -500,45 +638,32 @@ mod tests {
         };
         let (plain, shifted) = (mean_of_a(&spec), mean_of_a(&c));
         assert!((plain - shifted - 24.5).abs() < 1e-3, "{plain} {shifted}");
-
-        // what changed: a's bias, b's and c's biases (b's 1x1 and c's reflect-padded 3x3 read
-        // a), and b's mean, added in the chain, is followed by the correction
-        let cl = c.lowered();
-        let bias_of = |s: usize| {
-            let n = cl.stages[s]
-                .nodes
-                .iter()
-                .find(|n| n.op_type == "Conv")
-                .unwrap();
-            n.input.get(2).cloned().unwrap_or_default()
-        };
-        for s in [a, b, stage_writing(&spec, "c")] {
-            assert!(bias_of(s).ends_with(".centered_bias"), "stage {s}");
-        }
-        let chain = &cl.stages[at];
-        let ops: Vec<&str> = chain.nodes.iter().map(|n| n.op_type.as_str()).collect();
-        let add_m = chain
-            .nodes
-            .iter()
-            .position(|n| n.input.iter().any(|v| v == "b_m"))
-            .unwrap();
-        assert_eq!(chain.nodes[add_m + 1].input[1], "b_m.center", "{ops:?}");
-        // the correction after the mean's Add, and the chain's own shift at its end
-        assert_eq!(chain.nodes.len(), l.stages[at].nodes.len() + 2);
-        let end = chain.nodes.last().unwrap();
-        assert_eq!(end.op_type, "Sub");
-        assert_eq!(end.output, l.stages[at].outputs);
+        // centering a convolution again composes in its bias; a chain's or a mean's center
+        // is not taken twice
+        let twice = c.centered(&centers).unwrap().run(&x, None).unwrap();
+        assert!(max_diff(&spec.run(&x, None).unwrap(), &twice) < 1e-4);
+        let (b, chain) = (stage_writing(&spec, "b"), chain_reading_b_m(spec.lowered()));
+        let mut again = vec![None; spec.stage_count()];
+        again[b] = Some(vec![1.0; 4]);
+        let c = spec.centered(&again).unwrap();
+        assert!(c.centered(&again).is_err());
+        let mut again = vec![None; spec.stage_count()];
+        again[chain] = Some(vec![1.0; 4]);
+        let c = spec.centered(&again).unwrap();
+        assert_eq!(refusal(c.lowered(), chain), Some("already centered"));
     }
 
     #[test]
     fn readers_that_a_shift_would_change_refuse_centering() {
-        for (extra, why) in [
-            (Some("ConstPad"), "a reader that the shift would change"),
-            (Some("Add"), "a reader that the shift would change"),
-        ] {
-            let spec = modulated(extra);
+        // a zero-padded convolution (the border would not shift), a grouped one, a residual
+        for extra in ["ConstPad", "Group", "Add"] {
+            let spec = modulated("Add", Some(extra));
             let a = stage_writing(&spec, "a");
-            assert_eq!(refusal(spec.lowered(), a), Some(why), "{extra:?}");
+            assert_eq!(
+                refusal(spec.lowered(), a),
+                Some("a reader that the shift would change"),
+                "{extra}"
+            );
             let mut centers = vec![None; spec.stage_count()];
             centers[a] = Some(vec![1.0; 4]);
             let e = spec.centered(&centers).unwrap_err().to_string();
@@ -546,11 +671,20 @@ mod tests {
             // b is still free to be centered
             assert_eq!(refusal(spec.lowered(), stage_writing(&spec, "b")), None);
         }
-        let spec = modulated(None);
+        let spec = modulated("Add", None);
         let l = spec.lowered();
-        // the network's output and a statistics stage are never centered
-        assert!(refusal(l, stage_writing(&spec, "output")).is_some());
-        assert!(refusal(l, stage_writing(&spec, "a_s")).is_some());
+        // a chain ending in its activation, and the network's output
+        let chain = chain_reading_b_m(l);
+        assert_eq!(l.stages[chain].nodes.last().unwrap().op_type, "LeakyRelu");
+        assert!(
+            refusal(l, chain)
+                .unwrap()
+                .contains("chain ending in a binary operator")
+        );
+        assert_eq!(
+            refusal(l, stage_writing(&spec, "output")),
+            Some("the network's output")
+        );
         // centers of the wrong length are an error
         let mut centers = vec![None; spec.stage_count()];
         centers[stage_writing(&spec, "a")] = Some(vec![1.0; 3]);

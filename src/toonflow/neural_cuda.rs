@@ -423,7 +423,7 @@ impl NeuralCuda {
             calibrator.record_stats(*index, mean, var);
         }
         calibrator.frame_done();
-        let plan = calibrator.finish();
+        let mut plan = calibrator.finish();
         self.log.push(format!(
             "calibrated storage of {} ({} of {} stages fp16):\n{}",
             self.f.model.name(),
@@ -431,9 +431,27 @@ impl NeuralCuda {
             plan.len(),
             plan.ledger()
         ));
-        // centered stages change the network's biases and chains, not what it computes
-        self.f.network = plan.network(&self.f.network)?;
-        self.rebuild(&Storage::from_plan(&plan))?;
+        // centered stages change the network's biases and chains, not what it computes; a
+        // centered network the device cannot build (a chain past the kernel's operator or
+        // operand count) keeps those stages fp32 instead
+        let centered = plan
+            .network(&self.f.network)
+            .map_err(NeuralGpuError::from)
+            .and_then(|network| {
+                self.rebuild_with(&network, &Storage::from_plan(&plan))?;
+                Ok(network)
+            });
+        match centered {
+            Ok(network) => self.f.network = network,
+            Err(e) if plan.decisions.iter().any(|d| d.center.is_some()) => {
+                self.log.push(format!(
+                    "the centered network did not build ({e}): its centered stages stay fp32"
+                ));
+                plan = calibrator.without_centering().finish();
+                self.rebuild(&Storage::from_plan(&plan))?;
+            }
+            Err(e) => return Err(e),
+        }
         self.precision = Some(plan);
         Ok(())
     }
@@ -462,10 +480,20 @@ impl NeuralCuda {
     /// The network again with `storage` (the old device memory goes first, then the new is
     /// allocated; the smoother starts over).
     fn rebuild(&mut self, storage: &Storage) -> Result<(), NeuralGpuError> {
+        let network = self.f.network.clone();
+        self.rebuild_with(&network, storage)
+    }
+
+    /// [`rebuild`](Self::rebuild) with another network of the same stages (a centered one).
+    fn rebuild_with(
+        &mut self,
+        network: &crate::neural::engine::Specialised,
+        storage: &Storage,
+    ) -> Result<(), NeuralGpuError> {
         self.gpu = None;
         let mut gpu = NeuralGpu::new(
             self.device_id,
-            &self.f.network,
+            network,
             storage,
             self.max_bytes,
             self.use_graph,
