@@ -111,7 +111,7 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
             .build()),
         row!(precision => glib::ParamSpecEnum::builder_with_default("precision", PrecisionChoice::Fp16)
             .nick("Precision")
-            .blurb("Storage precision of the GPU's working planes and temporal history (math is fp32; the CPU backend always uses fp32). With a model, fp16 is calibrated on the first frame: stages where fp16 would overflow or lose the variance keep fp32")
+            .blurb("Storage precision of the GPU's working planes and temporal history (math is fp32; the CPU backend always uses fp32). With a model, fp16 is calibrated on the first frame: stages where fp16 would overflow keep fp32, stages whose variance fp16 would lose are stored centered on their channel means where the graph allows it, else fp32")
             .mutable_playing()
             .build()),
         row!(stage.bilateral_iterations => uint("bilateral-iterations", "Bilateral iterations", "Passes of the edge-preserving smoothing (0 disables it)", (0, MAX_ITERATIONS), d.bilateral_iterations)),
