@@ -284,9 +284,13 @@ pub fn centered(l: &Lowered, centers: &[Option<Vec<f32>>]) -> Result<Lowered, Ne
         }
         // convolutions reading x take W·c back into their bias
         for j in i + 1..out.stages.len() {
-            let first = &out.stages[j].nodes.first().cloned();
-            let Some(first) = first else { continue };
-            if out.stages[j].kind != StageKind::Conv || first.input.first() != Some(&x) {
+            let stage = &out.stages[j];
+            let reads_x = stage.kind == StageKind::Conv
+                && stage
+                    .nodes
+                    .first()
+                    .is_some_and(|n| n.input.first() == Some(&x));
+            if !reads_x {
                 continue;
             }
             let k = out.stages[j]
