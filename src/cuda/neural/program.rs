@@ -2718,17 +2718,24 @@ pub fn build(
                         format!("weights {:?} for input {xs:?}, group {groups}", wt.shape),
                     ));
                 }
-                // weights → [oc block][ic][ky][kx][CONV_OCB]
+                let mma = on_tensor_cores(l, storage, &half_of, &folds, i);
+                // the CUDA-core kernel's weights → [oc block][ic][ky][kx][CONV_OCB]; a
+                // tensor-core convolution reads only its fp16 B fragments (below), so the fp32
+                // copy is not put in the static block (hayao_class: 8.5 MB)
                 let ocb = cout.div_ceil(CONV_OCB);
-                let taps = cin_g * kh * kw;
-                let mut w = vec![0.0f32; ocb * taps * CONV_OCB];
-                for oc in 0..cout {
-                    for t in 0..taps {
-                        w[((oc / CONV_OCB) * taps + t) * CONV_OCB + oc % CONV_OCB] =
-                            wt.data[oc * taps + t];
+                let w_addr = if mma {
+                    0
+                } else {
+                    let taps = cin_g * kh * kw;
+                    let mut w = vec![0.0f32; ocb * taps * CONV_OCB];
+                    for oc in 0..cout {
+                        for t in 0..taps {
+                            w[((oc / CONV_OCB) * taps + t) * CONV_OCB + oc % CONV_OCB] =
+                                wt.data[oc * taps + t];
+                        }
                     }
-                }
-                let w_addr = st.floats(&w);
+                    st.floats(&w)
+                };
                 let b_addr = match conv.input.get(2).filter(|s| !s.is_empty()) {
                     Some(n) => st.floats(
                         &const_floats(l, n)
@@ -2743,7 +2750,6 @@ pub fn build(
                     None => Activation::None,
                 };
                 let (act, act_a, act_b) = act_code(act);
-                let mma = on_tensor_cores(l, storage, &half_of, &folds, i);
                 debug_assert!(
                     mma || (resize.is_none() && !nhwc && !y_nhwc && res.is_none()),
                     "a folded stage needs tensor cores"
