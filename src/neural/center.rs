@@ -380,7 +380,7 @@ pub fn centered(l: &Lowered, centers: &[Option<Vec<f32>>]) -> Result<Lowered, Ne
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::neural::engine::{NeuralModel, Specialised};
+    use crate::neural::engine::{Specialised, nchw_test_model};
     use crate::neural::onnx::*;
     use crate::neural::tensor::Tensor;
 
@@ -508,16 +508,7 @@ mod tests {
             None => "y",
         };
         nodes.push(node("Conv", &[last, "wo"], &["output"], k(1)));
-        let g = GraphProto {
-            name: "center_test".into(),
-            node: nodes,
-            initializer: inits,
-            input: vec![value_info("input", data_type::FLOAT, &[1, 3, -1, -1])],
-            output: vec![value_info("output", data_type::FLOAT, &[1, 3, -1, -1])],
-            ..Default::default()
-        };
-        NeuralModel::from_bytes(&encode_model(&model(g, 15)), "center_test")
-            .unwrap()
+        nchw_test_model("center_test", nodes, inits, "output")
             .specialise(12, 16)
             .unwrap()
     }
@@ -535,9 +526,7 @@ mod tests {
 
     fn stage_writing(spec: &Specialised, value: &str) -> usize {
         spec.lowered()
-            .stages
-            .iter()
-            .position(|s| s.outputs.iter().any(|o| o == value))
+            .stage_writing(value)
             .unwrap_or_else(|| panic!("no stage writes {value}"))
     }
 

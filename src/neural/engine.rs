@@ -282,8 +282,11 @@ impl Specialised {
     /// computes the same function.
     pub fn centered(&self, centers: &[Option<Vec<f32>>]) -> Result<Specialised, NeuralError> {
         Ok(Specialised {
+            model: self.model.clone(),
+            input_shape: self.input_shape,
             lowered: super::center::centered(&self.lowered, centers)?,
-            ..self.clone()
+            shaped: self.shaped.clone(),
+            last_use: self.last_use.clone(),
         })
     }
 
@@ -509,4 +512,25 @@ impl Specialised {
 fn in_stage(e: NeuralError, model: &str, i: usize, kind: StageKind, name: &str) -> NeuralError {
     let add = |m: String| format!("{m} (model '{model}', stage {i} {} '{name}')", kind.label());
     e.with_context(add)
+}
+
+/// A model of `nodes` and `inits` from an NCHW RGB input named "input" to `output` (opset
+/// 15), for the neural modules' unit tests.
+#[cfg(test)]
+pub(crate) fn nchw_test_model(
+    name: &str,
+    nodes: Vec<super::onnx::NodeProto>,
+    inits: Vec<super::onnx::TensorProto>,
+    output: &str,
+) -> NeuralModel {
+    use super::onnx::{GraphProto, data_type, encode_model, model, value_info};
+    let g = GraphProto {
+        name: name.into(),
+        node: nodes,
+        initializer: inits,
+        input: vec![value_info("input", data_type::FLOAT, &[1, 3, -1, -1])],
+        output: vec![value_info(output, data_type::FLOAT, &[1, 3, -1, -1])],
+        ..Default::default()
+    };
+    NeuralModel::from_bytes(&encode_model(&model(g, 15)), name).unwrap()
 }

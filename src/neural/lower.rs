@@ -115,6 +115,15 @@ pub struct Lowered {
     pub normalize_channels: Vec<usize>,
 }
 
+impl Lowered {
+    /// The stage that writes `value`, if one does.
+    pub fn stage_writing(&self, value: &str) -> Option<usize> {
+        self.stages
+            .iter()
+            .position(|s| s.outputs.iter().any(|o| o == value))
+    }
+}
+
 /// Lowers the shaped graph into stages.
 pub fn lower(
     shaped: &Shaped,

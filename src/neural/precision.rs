@@ -29,6 +29,7 @@
 //! it; [`emulate`] runs the CPU reference with every fp16 stage output rounded to fp16, which is
 //! how the decisions are tested.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::NeuralError;
@@ -199,11 +200,11 @@ impl PrecisionPlan {
 
     /// The network this plan stores: `spec` with its centered stages rewritten
     /// ([`super::center`]), or `spec` itself when none is centered.
-    pub fn network(&self, spec: &Specialised) -> Result<Specialised, NeuralError> {
+    pub fn network<'a>(&self, spec: &'a Specialised) -> Result<Cow<'a, Specialised>, NeuralError> {
         if self.decisions.iter().all(|d| d.center.is_none()) {
-            return Ok(spec.clone());
+            return Ok(Cow::Borrowed(spec));
         }
-        spec.centered(&self.centers())
+        Ok(Cow::Owned(spec.centered(&self.centers())?))
     }
 
     /// Stages stored in `precision`.
@@ -398,6 +399,18 @@ impl OutputRange {
     }
 }
 
+/// What calibration sees of a stage its graph lets be stored centered.
+#[derive(Debug, Clone, Default)]
+struct CenteredRecord {
+    /// The first calibration frame's channel means.
+    center: Option<Vec<f32>>,
+    /// The worst normalized noise stored minus `center`, drift included.
+    noise: Option<f32>,
+    /// Sum over channels and frames of the centered mean square, and how many values it has.
+    squares: f64,
+    values: usize,
+}
+
 /// Records stage outputs and normalization statistics over calibration frames, then decides.
 /// [`calibrate`] feeds it from the CPU engine; another executor can feed it the same way
 /// (stage outputs in any layout: only magnitudes are recorded).
@@ -415,13 +428,9 @@ pub struct Calibrator {
     ranges: Vec<Range>,
     /// Per stage: the worst normalized fp16 noise seen through the statistics.
     norm_noise: Vec<Option<f32>>,
-    /// Per stage: whether the graph lets its output be stored centered, and if so the first
-    /// calibration frame's channel means, the worst normalized noise centered on them, the
-    /// centered mean square (sum over channels and frames, count).
-    centerable: Vec<bool>,
-    centers: Vec<Option<Vec<f32>>>,
-    centered_noise: Vec<Option<f32>>,
-    centered_squares: Vec<(f64, usize)>,
+    /// Per stage: what centering it would give, `None` where the graph does not let its output
+    /// be stored centered.
+    centered: Vec<Option<CenteredRecord>>,
     centering: bool,
     frames: usize,
 }
@@ -475,10 +484,10 @@ impl Calibrator {
             normalized_producer,
             ranges: vec![Range::default(); stages.len()],
             norm_noise: vec![None; stages.len()],
-            centerable: super::center::centerable(lowered),
-            centers: vec![None; stages.len()],
-            centered_noise: vec![None; stages.len()],
-            centered_squares: vec![(0.0, 0); stages.len()],
+            centered: super::center::centerable(lowered)
+                .into_iter()
+                .map(|c| c.then(CenteredRecord::default))
+                .collect(),
             centering: true,
             frames: 0,
         }
@@ -536,25 +545,21 @@ impl Calibrator {
             .fold(0.0f32, f32::max);
         let slot = &mut self.norm_noise[stage];
         *slot = Some(slot.map_or(worst, |w| w.max(worst)));
-        if !self.centerable[stage] {
+        let Some(record) = &mut self.centered[stage] else {
             return;
-        }
-        let center = self.centers[stage].get_or_insert_with(|| mean.to_vec());
+        };
+        let center = record.center.get_or_insert_with(|| mean.to_vec());
         if center.len() != mean.len() {
-            self.centerable[stage] = false;
+            self.centered[stage] = None;
             return;
         }
-        let (mut worst, mut squares) = (0.0f32, 0.0f64);
         for ((&m, &v), &c) in mean.iter().zip(var).zip(center.iter()) {
             // as if the channel's mean had moved by CENTER_DRIFT of its calibrated value
-            worst = worst.max(normalized_noise((m - c).abs() + CENTER_DRIFT * c.abs(), v));
-            squares += f64::from(m - c).powi(2) + f64::from(v.max(0.0));
+            let noise = normalized_noise((m - c).abs() + CENTER_DRIFT * c.abs(), v);
+            record.noise = Some(record.noise.map_or(noise, |w| w.max(noise)));
+            record.squares += f64::from(m - c).powi(2) + f64::from(v.max(0.0));
         }
-        let slot = &mut self.centered_noise[stage];
-        *slot = Some(slot.map_or(worst, |w| w.max(worst)));
-        let (sum, n) = &mut self.centered_squares[stage];
-        *sum += squares;
-        *n += mean.len();
+        record.values += mean.len();
     }
 
     /// The decision per stage from what was recorded.
@@ -603,9 +608,9 @@ impl Calibrator {
                     rms,
                     norm_noise: noise,
                     center: (reason == Reason::Centered)
-                        .then(|| self.centers[i].clone())
+                        .then(|| self.centered[i].as_ref().and_then(|r| r.center.clone()))
                         .flatten(),
-                    centered_noise: self.centered_noise[i],
+                    centered_noise: self.centered[i].as_ref().and_then(|r| r.noise),
                 }
             })
             .collect();
@@ -620,14 +625,18 @@ impl Calibrator {
     /// normalized noise does, `absmax` plus the largest center keeps the overflow headroom,
     /// and the centered values are not below fp16's normal range.
     fn centered_fits(&self, i: usize, absmax: f32) -> bool {
-        let (Some(center), Some(noise)) = (&self.centers[i], self.centered_noise[i]) else {
+        let Some(CenteredRecord {
+            center: Some(center),
+            noise: Some(noise),
+            squares,
+            values,
+        }) = &self.centered[i]
+        else {
             return false;
         };
-        let (sum, n) = self.centered_squares[i];
-        let rms = (sum / n.max(1) as f64).sqrt() as f32;
+        let rms = (squares / (*values).max(1) as f64).sqrt() as f32;
         let shift = center.iter().fold(0.0f32, |a, c| a.max(c.abs()));
-        self.centerable[i]
-            && noise <= VARIANCE_TOLERANCE
+        *noise <= VARIANCE_TOLERANCE
             && (absmax + shift) * OVERFLOW_HEADROOM < FP16_MAX
             && rms >= FP16_MIN_NORMAL
     }
@@ -765,16 +774,7 @@ mod tests {
 
     /// NCHW `[1, 3, H, W]` → `body` → `[1, 3, H, W]`.
     fn model_of(nodes: Vec<NodeProto>, inits: Vec<TensorProto>, output: &str) -> NeuralModel {
-        let g = GraphProto {
-            name: "precision_test".into(),
-            node: nodes,
-            initializer: inits,
-            input: vec![value_info("input", data_type::FLOAT, &[1, 3, -1, -1])],
-            output: vec![value_info(output, data_type::FLOAT, &[1, 3, -1, -1])],
-            ..Default::default()
-        };
-        let bytes = encode_model(&model(g, 15));
-        NeuralModel::from_bytes(&bytes, "precision_test").unwrap()
+        crate::neural::engine::nchw_test_model("precision_test", nodes, inits, output)
     }
 
     /// A 1x1 conv `cin → cout`: every weight `w`, every bias `b`.
@@ -835,9 +835,7 @@ mod tests {
     /// The stage writing `value`.
     fn stage_of(spec: &Specialised, value: &str) -> usize {
         spec.lowered()
-            .stages
-            .iter()
-            .position(|s| s.outputs.iter().any(|o| o == value))
+            .stage_writing(value)
             .unwrap_or_else(|| panic!("no stage writes {value}"))
     }
 
@@ -934,10 +932,8 @@ mod tests {
         assert_eq!(plan.stage(a), StoragePrecision::Fp32);
         assert_eq!(plan.decisions[a].reason, Reason::Variance);
         assert!(plan.decisions[a].norm_noise.unwrap() > 1.0);
-        assert_eq!(
-            plan.network(&spec).unwrap().lowered().consts.len(),
-            spec.lowered().consts.len()
-        );
+        // a plan without centered stages runs the network as it is
+        assert!(matches!(plan.network(&spec).unwrap(), Cow::Borrowed(_)));
         // the statistics stage is fp32, whatever the data
         let stats: Vec<&StageDecision> = plan
             .decisions

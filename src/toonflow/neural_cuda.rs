@@ -12,6 +12,7 @@
 //! and every normalization's statistics; then the network is rebuilt with fp16 storage wherever
 //! the calibration allows it (the decision per stage goes to the log).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::cuda::neural::DeviceFrameIo;
@@ -434,15 +435,20 @@ impl NeuralCuda {
         // centered stages change the network's biases and chains, not what it computes; a
         // centered network the device cannot build (a chain past the kernel's operator or
         // operand count) keeps those stages fp32 instead
-        let centered = plan
-            .network(&self.f.network)
-            .map_err(NeuralGpuError::from)
-            .and_then(|network| {
-                self.rebuild_with(&network, &Storage::from_plan(&plan))?;
-                Ok(network)
-            });
-        match centered {
-            Ok(network) => self.f.network = network,
+        let rebuilt = match plan.network(&self.f.network) {
+            Ok(Cow::Owned(centered)) => {
+                let plain = std::mem::replace(&mut self.f.network, centered);
+                let rebuilt = self.rebuild(&Storage::from_plan(&plan));
+                if rebuilt.is_err() {
+                    self.f.network = plain;
+                }
+                rebuilt
+            }
+            Ok(Cow::Borrowed(_)) => self.rebuild(&Storage::from_plan(&plan)),
+            Err(e) => Err(e.into()),
+        };
+        match rebuilt {
+            Ok(()) => {}
             Err(e) if plan.decisions.iter().any(|d| d.center.is_some()) => {
                 self.log.push(format!(
                     "the centered network did not build ({e}): its centered stages stay fp32"
@@ -480,20 +486,10 @@ impl NeuralCuda {
     /// The network again with `storage` (the old device memory goes first, then the new is
     /// allocated; the smoother starts over).
     fn rebuild(&mut self, storage: &Storage) -> Result<(), NeuralGpuError> {
-        let network = self.f.network.clone();
-        self.rebuild_with(&network, storage)
-    }
-
-    /// [`rebuild`](Self::rebuild) with another network of the same stages (a centered one).
-    fn rebuild_with(
-        &mut self,
-        network: &crate::neural::engine::Specialised,
-        storage: &Storage,
-    ) -> Result<(), NeuralGpuError> {
         self.gpu = None;
         let mut gpu = NeuralGpu::new(
             self.device_id,
-            network,
+            &self.f.network,
             storage,
             self.max_bytes,
             self.use_graph,

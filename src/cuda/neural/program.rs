@@ -1516,10 +1516,7 @@ fn on_tensor_cores(
 /// Whether value `x` is an fp32 stage output the tensor cores read split in two
 /// (`Storage::split`).
 fn split_input(l: &Lowered, storage: &Storage, x: &str) -> bool {
-    l.stages
-        .iter()
-        .position(|s| s.outputs.iter().any(|o| o == x))
-        .is_some_and(|k| storage.splits(k))
+    l.stage_writing(x).is_some_and(|k| storage.splits(k))
 }
 
 /// What a tensor-core convolution's input gather folds in from the stage right before it.
