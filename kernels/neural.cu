@@ -17,7 +17,7 @@
 //                      horizontal taps of a few-channel input (the stem) into one K chunk
 //   nn_moments         per-channel mean and variance (double sums; the last block of a channel
 //                      finishes it) and the temporal statistics smoother
-//   nn_moments_gram    the same for an fp16 tensor of <= 16 channels and for a 1x1 convolution
+//   nn_moments_gram    the same for an fp16 tensor of <= 32 channels and for a 1x1 convolution
 //                      of it that only its statistics read, from the channels' Gram matrix
 //                      (tensor cores; the convolution is never run)
 //   nn_norm_apply      InstanceNormalization's (x - mean) / sqrt(var + eps) * scale + bias, act
@@ -1431,17 +1431,23 @@ extern "C" __global__ void nn_moments(const NnMoments* __restrict__ p)
                     p->mean, p->var);
 }
 
-// Gram moments (sm_80+) of an fp16 tensor x of C <= 16 channels (NCHW, or channels-last with
-// 16: `cl`, below): its per-channel sums and the 16x16 sums of products x x^T over all
-// pixels, from which it finishes x's own mean and
+// Gram moments (sm_80+) of an fp16 tensor x of C <= NN_GRAM_CHANNELS channels (NCHW, or
+// channels-last: `cl`, below): its per-channel sums and the C x C sums of products x x^T over
+// all pixels, from which it finishes x's own mean and
 // variance (when `mean` is set) and those of y = W x + b, a 1x1 convolution whose output only
 // its statistics read: mean_y = W mean_x + b, var_y[o] = w_o^T cov_x w_o. The convolution and
 // the pass over its output are never run.
 //
+// The channels come in tiles of 16 (the mma's rows); blockIdx.y picks a pair of tiles (a, b),
+// a <= b, whose 16x16 block of products the block sums: (0, 0) for up to 16 channels, then
+// (0, 1) and (1, 1) for up to 32. A diagonal pair also sums its tile's channels.
+//
 // One step of a warp: 32 pixels. Lane (g, q) = (lane / 4, lane % 4) loads 8 halves of channel
 // g and of channel g + 8 at pixels 8q..8q+7 (16 bytes each) and feeds them as both A (channels
 // x pixels) and B (pixels x channels) fragments of two m16n8k16 mma per 16 pixels: a pixel's
-// place in K is any bijection, as long as A and B share it. The products of halves are exact
+// place in K is any bijection, as long as A and B share it. An off-diagonal pair loads tile b's
+// channels g and g + 8 too, as the B fragments, in the load slots of half the pixel steps. The
+// products of halves are exact
 // in the float accumulators; a block's warps add theirs in double (fixed order), then the last
 // block adds the blocks' partials in fixed order and finishes (NN_GRAM_SUMS values a block).
 __device__ __forceinline__ uint4 nn_gram_load(const unsigned short* __restrict__ plane,
@@ -1479,24 +1485,38 @@ __device__ __forceinline__ float nn_half_pair_sum(unsigned int w)
            half_bits_to_float((unsigned short)(w >> 16));
 }
 
+// The tiles (a, b) of pair `pair`: (0, 0), (0, 1), (1, 1).
+__device__ __forceinline__ int nn_gram_tile_a(int pair) { return pair == 2 ? 1 : 0; }
+__device__ __forceinline__ int nn_gram_tile_b(int pair) { return pair == 0 ? 0 : 1; }
+
 extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(const NnMomentsGram* __restrict__ p)
 {
     // the warps' sums after the loop; during it, the channels-last staging (NN_GRAM_UNROLL
-    // steps of 16 pixels x 32 bytes a warp) in the same bytes
+    // slots of 16 pixels x 32 bytes a warp) in the same bytes
     __shared__ __align__(16) double warp_sums[NN_GRAM_THREADS / 32][NN_GRAM_SUMS];
-    __shared__ double total[NN_GRAM_SUMS];
+    // the finished sums over all pairs: the C x C products (row stride NN_GRAM_CHANNELS), then
+    // the C channel sums
+    __shared__ double total[NN_GRAM_TOTAL];
     __shared__ int last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int warps = NN_GRAM_THREADS / 32;
     const long long hw = p->hw;
+    const int c = p->c;
+    const int pair = blockIdx.y;
+    const int ta = nn_gram_tile_a(pair), tb = nn_gram_tile_b(pair);
+    const bool cross = ta != tb;
+    // pixel steps a round: an off-diagonal pair spends half its load slots on tile b
+    const int steps = cross ? NN_GRAM_UNROLL / 2 : NN_GRAM_UNROLL;
     const unsigned short* __restrict__ x = (const unsigned short*)p->x;
-    const bool lo_on = g < p->c, hi_on = g + 8 < p->c;
-    const unsigned short* lo_plane = x + (long long)(lo_on ? g : 0) * hw;
-    const unsigned short* hi_plane = x + (long long)(hi_on ? g + 8 : 0) * hw;
+    // planar: slot u loads channels g and g + 8 of its tile
+    const auto channel_on = [&](int tile, int k) { return 16 * tile + k < c; };
+    const auto plane = [&](int tile, int k) {
+        return x + (long long)(channel_on(tile, k) ? 16 * tile + k : 0) * hw;
+    };
     // 16-byte loads when every plane starts 16-byte aligned (the arena's buffers are)
     const bool aligned = (hw & 7) == 0;
-    // NN_GRAM_UNROLL steps' loads in flight, then their mma; each round's float sums (32
+    // NN_GRAM_UNROLL slots' loads in flight, then their mma; each round's float sums (32
     // products an element a step) are added to double accumulators, so the float part never
     // sums more than a round
     double g0[4] = {0.0, 0.0, 0.0, 0.0}, g1[4] = {0.0, 0.0, 0.0, 0.0};
@@ -1504,25 +1524,34 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
     const long long step = (long long)gridDim.x * warps * 32;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     for (long long p0 = ((long long)blockIdx.x * warps + warp) * 32; !p->cl && p0 < hw;
-         p0 += NN_GRAM_UNROLL * step) {
+         p0 += steps * step) {
         uint4 lo[NN_GRAM_UNROLL], hi[NN_GRAM_UNROLL];
 #pragma unroll
         for (int u = 0; u < NN_GRAM_UNROLL; u++) {
-            const long long px = p0 + u * step + 8 * q;
+            const int tile = u < steps ? ta : tb;
+            const long long px = p0 + (u < steps ? u : u - steps) * step + 8 * q;
             const bool whole = aligned && px + 8 <= hw;
-            lo[u] = lo_on && px < hw ? nn_gram_load(lo_plane, hw, px, whole) : zero;
-            hi[u] = hi_on && px < hw ? nn_gram_load(hi_plane, hw, px, whole) : zero;
+            lo[u] = channel_on(tile, g) && px < hw ? nn_gram_load(plane(tile, g), hw, px, whole)
+                                                   : zero;
+            hi[u] = channel_on(tile, g + 8) && px < hw
+                        ? nn_gram_load(plane(tile, g + 8), hw, px, whole)
+                        : zero;
         }
         float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
         float s_lo = 0.f, s_hi = 0.f;
 #pragma unroll
         for (int u = 0; u < NN_GRAM_UNROLL; u++) {
+            if (u >= steps)
+                break;
             const uint4 a = lo[u], b = hi[u];
+            // tile b's channels g and g + 8 as the B fragments (the same as A's on the diagonal)
+            const uint4 bl = cross ? lo[u + NN_GRAM_UNROLL / 2] : a;
+            const uint4 bh = cross ? hi[u + NN_GRAM_UNROLL / 2] : b;
             // pixels 8q+0..3 (K = 2q, 2q+1, 2q+8, 2q+9), then 8q+4..7
-            nn_gram_mma(d0, a.x, b.x, a.y, b.y, a.x, a.y);
-            nn_gram_mma(d1, a.x, b.x, a.y, b.y, b.x, b.y);
-            nn_gram_mma(d0, a.z, b.z, a.w, b.w, a.z, a.w);
-            nn_gram_mma(d1, a.z, b.z, a.w, b.w, b.z, b.w);
+            nn_gram_mma(d0, a.x, b.x, a.y, b.y, bl.x, bl.y);
+            nn_gram_mma(d1, a.x, b.x, a.y, b.y, bh.x, bh.y);
+            nn_gram_mma(d0, a.z, b.z, a.w, b.w, bl.z, bl.w);
+            nn_gram_mma(d1, a.z, b.z, a.w, b.w, bh.z, bh.w);
             s_lo += (nn_half_pair_sum(a.x) + nn_half_pair_sum(a.y)) +
                     (nn_half_pair_sum(a.z) + nn_half_pair_sum(a.w));
             s_hi += (nn_half_pair_sum(b.x) + nn_half_pair_sum(b.y)) +
@@ -1537,14 +1566,16 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
         t_hi += s_hi;
     }
     if (p->cl) {
-        // channels-last, 16 channels (32 bytes) a pixel: a warp step is 16 pixels, one 16-byte
-        // load a lane, staged in shared memory; ldmatrix.trans then hands lane (g, q) channels
-        // g and g + 8 of pixels 2q, 2q + 1 (a0, a1) and 2q + 8, 2q + 9 (a2, a3): the A
-        // fragment of channels x pixels, and the B fragments of pixels x channels 0-7 (a0, a2)
-        // and 8-15 (a1, a3). A pixel's two halves swap places every 4 pixels, so the 8 rows
-        // of one 8x8 matrix fall in distinct banks.
+        // channels-last, C channels (C / 8 16-byte chunks a pixel, C a multiple of 16): a warp
+        // step is 16 pixels, one 16-byte load a lane (tile t's chunks 2t and 2t + 1), staged in
+        // shared memory; ldmatrix.trans then hands lane (g, q) channels g and g + 8 of pixels
+        // 2q, 2q + 1 (a0, a1) and 2q + 8, 2q + 9 (a2, a3): the A fragment of channels x
+        // pixels, and the B fragments of pixels x channels 0-7 (a0, a2) and 8-15 (a1, a3). A
+        // pixel's two halves swap places every 4 pixels, so the 8 rows of one 8x8 matrix fall
+        // in distinct banks.
         uint4* stage = (uint4*)&warp_sums[0][0] + warp * NN_GRAM_UNROLL * 32;
         const uint4* __restrict__ xv = (const uint4*)x;
+        const long long chunks = c / 8;
         const long long step_cl = (long long)gridDim.x * warps * 16;
         const int st_px = lane >> 1, st_half = lane & 1;
         const int ld_px = ((lane >> 4) << 3) + (lane & 7), ld_half = (lane >> 3) & 1;
@@ -1556,32 +1587,41 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
         const auto load_round = [&](uint4 (&v)[NN_GRAM_UNROLL], long long p0) {
 #pragma unroll
             for (int u = 0; u < NN_GRAM_UNROLL; u++) {
-                const long long px = p0 + u * step_cl + st_px;
-                v[u] = px < hw ? __ldg(xv + 2 * px + st_half) : zero;
+                const int tile = u < steps ? ta : tb;
+                const long long px = p0 + (u < steps ? u : u - steps) * step_cl + st_px;
+                v[u] = px < hw ? __ldg(xv + chunks * px + 2 * tile + st_half) : zero;
             }
         };
         uint4 v[NN_GRAM_UNROLL];
         const long long first = ((long long)blockIdx.x * warps + warp) * 16;
         if (first < hw)
             load_round(v, first);
-        for (long long p0 = first; p0 < hw; p0 += NN_GRAM_UNROLL * step_cl) {
+        for (long long p0 = first; p0 < hw; p0 += steps * step_cl) {
             __syncwarp(); // the previous round's ldmatrix are done
 #pragma unroll
             for (int u = 0; u < NN_GRAM_UNROLL; u++)
                 stage[u * 32 + st_slot] = v[u];
             __syncwarp();
-            if (p0 + NN_GRAM_UNROLL * step_cl < hw)
-                load_round(v, p0 + NN_GRAM_UNROLL * step_cl);
+            if (p0 + steps * step_cl < hw)
+                load_round(v, p0 + steps * step_cl);
             float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
             float s_lo = 0.f, s_hi = 0.f;
 #pragma unroll
             for (int u = 0; u < NN_GRAM_UNROLL; u++) {
+                if (u >= steps)
+                    break;
                 unsigned int a0, a1, a2, a3;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                              : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
                              : "r"(ld_addr + u * 32 * 16));
-                nn_gram_mma(d0, a0, a1, a2, a3, a0, a2);
-                nn_gram_mma(d1, a0, a1, a2, a3, a1, a3);
+                unsigned int b0 = a0, b1 = a1, b2 = a2, b3 = a3;
+                if (cross)
+                    asm volatile(
+                        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                        : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                        : "r"(ld_addr + (u + NN_GRAM_UNROLL / 2) * 32 * 16));
+                nn_gram_mma(d0, a0, a1, a2, a3, b0, b2);
+                nn_gram_mma(d1, a0, a1, a2, a3, b1, b3);
                 s_lo += nn_half_pair_sum(a0) + nn_half_pair_sum(a2);
                 s_hi += nn_half_pair_sum(a1) + nn_half_pair_sum(a3);
             }
@@ -1605,7 +1645,7 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
         ws[256 + g] = t_lo;
         ws[256 + g + 8] = t_hi;
     }
-    // accumulator (row, col) of the Gram matrix: d0 cols 0..7, d1 cols 8..15
+    // accumulator (row, col) of the pair's 16x16 block: d0 cols 0..7, d1 cols 8..15
     ws[g * 16 + 2 * q] = g0[0];
     ws[g * 16 + 2 * q + 1] = g0[1];
     ws[(g + 8) * 16 + 2 * q] = g0[2];
@@ -1616,41 +1656,54 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
     ws[(g + 8) * 16 + 8 + 2 * q + 1] = g1[3];
     __syncthreads();
     double* partial = (double*)p->partial;
+    const long long block = (long long)pair * gridDim.x + blockIdx.x;
     for (int i = threadIdx.x; i < NN_GRAM_SUMS; i += NN_GRAM_THREADS) {
         double v = 0.0;
         for (int w = 0; w < warps; w++)
             v += warp_sums[w][i];
-        partial[(long long)blockIdx.x * NN_GRAM_SUMS + i] = v;
+        partial[block * NN_GRAM_SUMS + i] = v;
     }
     __threadfence();
     __syncthreads();
     unsigned int* counter = (unsigned int*)p->counter;
     if (threadIdx.x == 0)
-        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+        last = atomicAdd(counter, 1u) == gridDim.x * gridDim.y - 1;
     __syncthreads();
     if (!last)
         return;
     __threadfence();
     // each sum over the pixels divided by their count once, here, in parallel (the finishing
-    // loops below would otherwise divide in double, one after another, 272 times a channel)
+    // loops below would otherwise divide in double, one after another, C + 1 times a channel)
     const double n = (double)hw;
-    for (int i = threadIdx.x; i < NN_GRAM_SUMS; i += NN_GRAM_THREADS) {
+    for (int i = threadIdx.x; i < (int)gridDim.y * NN_GRAM_SUMS; i += NN_GRAM_THREADS) {
+        const int pr = i / NN_GRAM_SUMS, k = i % NN_GRAM_SUMS;
+        const int a = nn_gram_tile_a(pr), b = nn_gram_tile_b(pr);
         double v = 0.0;
 #pragma unroll 16
-        for (int b = 0; b < (int)gridDim.x; b++)
-            v += __ldcg(partial + (long long)b * NN_GRAM_SUMS + i);
-        total[i] = v / n;
+        for (int bx = 0; bx < (int)gridDim.x; bx++)
+            v += __ldcg(partial + ((long long)pr * gridDim.x + bx) * NN_GRAM_SUMS + k);
+        v /= n;
+        if (k < 256) {
+            const int row = 16 * a + k / 16, col = 16 * b + k % 16;
+            if (row < c && col < c) {
+                total[row * NN_GRAM_CHANNELS + col] = v;
+                total[col * NN_GRAM_CHANNELS + row] = v;
+            }
+        } else if (a == b && 16 * a + k - 256 < c) {
+            total[NN_GRAM_CHANNELS * NN_GRAM_CHANNELS + 16 * a + k - 256] = v;
+        }
     }
     __syncthreads();
     if (threadIdx.x == 0)
         *counter = 0u;
-    const int c = p->c;
+    const double* __restrict__ gram = total;
+    const double* __restrict__ sums = total + NN_GRAM_CHANNELS * NN_GRAM_CHANNELS;
     // x's own statistics
     if (p->mean && threadIdx.x < c) {
         const int k = threadIdx.x;
-        const double mean = total[256 + k];
-        nn_smooth_store(k, mean, total[k * 16 + k] - mean * mean, p->control, p->state_mean,
-                        p->state_var, p->state_primed, p->mean, p->var);
+        const double mean = sums[k];
+        nn_smooth_store(k, mean, gram[k * NN_GRAM_CHANNELS + k] - mean * mean, p->control,
+                        p->state_mean, p->state_var, p->state_primed, p->mean, p->var);
     }
     // the 1x1 convolution's: w_o^T (G / n - m m^T) w_o, in double
     const float* __restrict__ w = (const float*)p->w;
@@ -1659,11 +1712,11 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
         double mean = p->b ? (double)((const float*)p->b)[o] : 0.0;
         double wm = 0.0, quad = 0.0;
         for (int i = 0; i < c; i++) {
-            const double mi = total[256 + i];
+            const double mi = sums[i];
             wm += (double)wo[i] * mi;
             double row = 0.0;
             for (int j = 0; j < c; j++)
-                row += total[i * 16 + j] * (double)wo[j];
+                row += gram[i * NN_GRAM_CHANNELS + j] * (double)wo[j];
             quad += (double)wo[i] * row;
         }
         mean += wm;

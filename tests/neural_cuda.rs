@@ -53,7 +53,7 @@ fn generated() -> Vec<(NeuralModel, usize, usize)> {
 }
 
 /// hayao_like with 32 channels below full resolution: its modulated normalizations' statistics
-/// come from the plain statistics kernel (more than 16 channels), over channels-last tensors.
+/// come from Gram moments of two 16-channel tiles (three pairs), over channels-last tensors.
 fn hayao_32() -> NeuralModel {
     let m = hayao_like_channels([16, 32, 32, 32], "hayao_32");
     NeuralModel::from_bytes(&encode_model(&m), "hayao_32").unwrap()
@@ -986,12 +986,13 @@ fn convolutions_over_their_dying_input_run_in_bands() {
 }
 
 /// The statistics kernel reads channels-last tensors 8 channels a pixel (no GPU needed to plan):
-/// on hayao_32 in fp16 some statistics launches read channels-last, with a grid row per 8
-/// channels; in fp32 none.
+/// on hayao_class in fp16 (whose normalizations of 64 to 256 channels are too wide for the Gram
+/// moments) some statistics launches read channels-last, with a grid row per 8 channels; in
+/// fp32 none.
 #[test]
 fn statistics_read_channels_last_tensors() {
     use gsttoonflow::cuda::neural::program::{Kernel, NnMoments, build};
-    let spec = hayao_32().specialise(72, 96).unwrap();
+    let spec = hayao_class().specialise(72, 96).unwrap();
     for half in [true, false] {
         let p = build(&spec, &Storage::uniform(spec.stage_count(), half), 0, 0).unwrap();
         let moments: Vec<(NnMoments, u32)> = p
@@ -1002,7 +1003,7 @@ fn statistics_read_channels_last_tensors() {
             .collect();
         let cl: Vec<&(NnMoments, u32)> = moments.iter().filter(|m| m.0.x_cl != 0).collect();
         println!(
-            "hayao_32 fp{}: {} of {} statistics launches read channels-last",
+            "hayao_class fp{}: {} of {} statistics launches read channels-last",
             if half { 16 } else { 32 },
             cl.len(),
             moments.len()
@@ -1019,12 +1020,86 @@ fn statistics_read_channels_last_tensors() {
     }
 }
 
+/// The element computes the stem a second time for its last reader where that shrinks the fp16
+/// arena by a tenth or more (no GPU needed to plan): hayao_class at 1080p, whose 32-channel
+/// full-resolution stem output would otherwise live across the whole network, then fits the
+/// issue's 300 MB with its output ring (24.9 MB), NV12 planes (6.2 MB) and static block (5 MB);
+/// the tiny layout's 16-channel stem is not worth running twice.
+#[test]
+fn the_stem_is_recomputed_where_the_arena_shrinks() {
+    use gsttoonflow::cuda::neural::with_recomputed_stem;
+    let spec = hayao_class().specialise(1080, 1920).unwrap();
+    let (r, before, after) = with_recomputed_stem(&spec).expect("hayao_class recomputes its stem");
+    println!(
+        "hayao_class 1920x1080: fp16 arena {before} -> {after} B ({} -> {} stages)",
+        spec.stage_count(),
+        r.stage_count()
+    );
+    assert!(after * 10 <= before * 9);
+    assert!(after + 37_000_000 <= 300_000_000, "{after} B");
+    let mut tiny = vec![(tiny_16(), 1920, 1088)];
+    tiny.extend(real_tiny().map(|m| (m, 1920, 1088)));
+    for (model, w, h) in tiny {
+        let spec = model.specialise(h, w).unwrap();
+        let recomputed = spec.recomputed_stem().map(|r| r.stage_count());
+        println!("{}: stem recomputable: {recomputed:?}", model.name());
+        assert!(
+            with_recomputed_stem(&spec).is_none(),
+            "{}: the 16-channel stem recomputed",
+            model.name()
+        );
+    }
+}
+
+/// The Gram moments of 32 channels (three pairs of 16-channel tiles, over channels-last
+/// tensors) against the 1x1 convolution and the statistics pass they stand for, on a photo:
+/// hayao_32 and hayao_class in fp16, each against the CPU reference, with and without them. The
+/// Gram moments read exact products of the stored halves (no fp16 rounding of the convolution's
+/// output), so they must be as close to the reference as the pass they replace.
+#[test]
+fn gram_moments_of_32_channels_match_the_pass_they_replace() {
+    need_gpu!();
+    for (model, w, h) in [(hayao_32(), 256, 192), (hayao_class(), 256, 144)] {
+        let input = photo_tensor(&model, "chelsea.png", w, h);
+        let spec = model.specialise(h, w).unwrap();
+        let cpu = spec.run(&input, None).unwrap();
+        let off = Fusions {
+            gram: false,
+            ..Fusions::ALL
+        };
+        let (on, without) = run_with_and_without(&spec, &input, off);
+        let g = gpu_with(&spec, true, false, true, Fusions::ALL);
+        let grams = g
+            .program()
+            .launches
+            .iter()
+            .filter(|l| l.kernel == Kernel::MomentsGram && l.grid.1 == 3)
+            .count();
+        let (p_on, p_off, between) = (psnr(&cpu, &on), psnr(&cpu, &without), psnr(&on, &without));
+        println!(
+            "{} {w}x{h} fp16: {grams} Gram launches of 32 channels; PSNR vs the CPU reference \
+             {p_on:.1} dB with them, {p_off:.1} dB without; {between:.1} dB between",
+            model.name()
+        );
+        assert!(grams >= 1, "{}: no 32-channel Gram moments", model.name());
+        assert!(p_on >= 40.0, "{}: {p_on:.1} dB", model.name());
+        assert!(
+            p_on >= p_off - 1.0,
+            "{}: {p_on:.1} dB against {p_off:.1}",
+            model.name()
+        );
+        assert!(between >= 45.0, "{}: {between:.1} dB between", model.name());
+    }
+}
+
 /// Each self-modulated normalization (a tensor normalized by its own statistics and re-scaled
 /// by those of a 1x1 convolution of it) takes one Gram moments launch in fp16 (no GPU needed
 /// to plan): the convolution and the statistics pass over its output are gone, its output is
 /// not stored, and the arena is no larger. In fp32 (or without tensor cores) nothing changes.
-/// tiny_like has one (4 channels), hayao_like eight (4 to 16 channels); the real tiny one of
-/// 16 channels at full resolution, when the fixture is here.
+/// tiny_like has one (4 channels), hayao_like eight (4 to 16 channels), hayao_32 eight (16 and
+/// 32 channels: a 32-channel one sums three pairs of 16-channel tiles), hayao_class one (its
+/// last, 32 channels; the others have 64 to 256); the real tiny one of 16 channels at full
+/// resolution, when the fixture is here.
 #[test]
 fn modulated_normalizations_take_gram_moments() {
     use gsttoonflow::cuda::neural::program::{NnEltwise, NnMomentsGram, build};
@@ -1037,6 +1112,8 @@ fn modulated_normalizations_take_gram_moments() {
             NeuralModel::from_bytes(&encode_model(&hayao_like()), "hayao_like").unwrap(),
             8,
         ),
+        (hayao_32(), 8),
+        (hayao_class(), 1),
     ];
     models.extend(real_tiny().map(|m| (m, 1)));
     for (model, expected) in &models {
@@ -1072,6 +1149,16 @@ fn modulated_normalizations_take_gram_moments() {
         );
         assert_eq!(grams, *expected, "{}", model.name());
         assert_eq!(fp16.gram_stages.len(), 2 * grams);
+        // a row of blocks for each pair of 16-channel tiles
+        for x in fp16
+            .launches
+            .iter()
+            .filter(|x| x.kernel == Kernel::MomentsGram)
+        {
+            let c = params::<NnMomentsGram>(&fp16, x).c as usize;
+            let pairs = if c > 16 { 3 } else { 1 };
+            assert_eq!(x.grid.1, pairs, "{}: {c} channels", model.name());
+        }
         // the normalizations' sqrt(var + eps) chains are finished by the Gram launch's last
         // block: no launch of their own, each in one Gram launch's tail, and with the fusion
         // off they launch again

@@ -290,6 +290,21 @@ impl Specialised {
         })
     }
 
+    /// The same network with its stem computed a second time for its last reader
+    /// ([`super::recompute`]), or `None` when it has no such stem. It computes the same
+    /// function.
+    pub fn recomputed_stem(&self) -> Option<Specialised> {
+        let lowered = super::recompute::recomputed_stem(&self.lowered)?;
+        let last_use = last_uses(&lowered);
+        Some(Specialised {
+            model: self.model.clone(),
+            input_shape: self.input_shape,
+            lowered,
+            shaped: self.shaped.clone(),
+            last_use,
+        })
+    }
+
     /// Nodes left after folding, before lowering.
     pub fn unlowered_node_count(&self) -> usize {
         self.shaped.nodes.len()

@@ -12,6 +12,7 @@ pub mod lower;
 pub mod onnx;
 pub mod ops;
 pub mod precision;
+pub mod recompute;
 pub mod shapes;
 pub mod temporal;
 pub mod tensor;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crate::cuda::neural::DeviceFrameIo;
 use crate::cuda::neural::program::Storage;
-use crate::cuda::neural::{NeuralGpu, NeuralGpuError, NeuralGpuEvent};
+use crate::cuda::neural::{NeuralGpu, NeuralGpuError, NeuralGpuEvent, with_recomputed_stem};
 use cudarc::driver::CudaEvent;
 
 use crate::cuda::neural_frame::{DeviceFrames, FilterSettings, reborrow};
@@ -84,11 +84,18 @@ impl NeuralCuda {
     ) -> Result<NeuralCuda, NeuralGpuError> {
         // The smoother runs on the device; the host one only stands in for the shared type.
         let mut f = NetworkFrames::new(model, config, params, |_| StatSmoother::new(0, 0.0))?;
+        let mut log = Vec::new();
+        if let Some((network, before, after)) = with_recomputed_stem(&f.network) {
+            log.push(format!(
+                "the stem is computed again for its last reader: fp16 arena {before} -> {after} \
+                 bytes"
+            ));
+            f.network = network;
+        }
         let storage = Storage::uniform(f.network.stage_count(), false);
         let mut gpu = NeuralGpu::new(device_id, &f.network, &storage, max_bytes, use_graph)?;
         gpu.set_smoothing(params.stat_smoothing);
         let output = f.converter.new_tensor();
-        let mut log = Vec::new();
         let frames = if !device_frames_enabled() {
             log.push("frame conversions on the host (TOONFLOW_NEURAL_DEVICE_FRAMES=0)".into());
             None

@@ -935,3 +935,26 @@ impl NeuralGpu {
 pub fn uniform_storage(spec: &Specialised, half: bool) -> Storage {
     Storage::uniform(spec.stage_count(), half)
 }
+
+/// How much smaller (per thousand) the fp16 arena must get for the stem to be recomputed.
+pub const RECOMPUTE_MIN_SAVING_PERMILLE: u64 = 100;
+
+/// `spec` with its stem computed again for its last reader ([`Specialised::recomputed_stem`])
+/// where that makes the fp16 program's arena at least [`RECOMPUTE_MIN_SAVING_PERMILLE`]
+/// smaller (the stem runs twice: worth it for the Hayao-class layout's 32-channel skip, not
+/// for the tiny one's 16), with the two arenas' bytes (before, after). `None`: keep `spec`
+/// (also when `TOONFLOW_NEURAL_RECOMPUTE=0`, or when either program cannot be built).
+pub fn with_recomputed_stem(spec: &Specialised) -> Option<(Specialised, u64, u64)> {
+    if std::env::var("TOONFLOW_NEURAL_RECOMPUTE").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let recomputed = spec.recomputed_stem()?;
+    let arena = |s: &Specialised| {
+        program::build(s, &uniform_storage(s, true), 0, 0)
+            .ok()
+            .map(|p| p.arena.arena_bytes)
+    };
+    let (before, after) = (arena(spec)?, arena(&recomputed)?);
+    (after * 1000 <= before * (1000 - RECOMPUTE_MIN_SAVING_PERMILLE))
+        .then_some((recomputed, before, after))
+}

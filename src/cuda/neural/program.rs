@@ -45,12 +45,17 @@ pub const TC_MIN_BLOCKS: u32 = 512;
 const TC_PIX: usize = 24;
 pub const TC_TILE_HALVES: usize = 14336;
 pub const MOMENTS_THREADS: u32 = 256;
-/// Gram moments: threads and most blocks of a launch, channels (the mma's 16 rows) and the
-/// sums a block writes (the 16x16 products, then the 16 channel sums).
+/// Gram moments: threads and most blocks of a launch (a row of blocks for each pair of
+/// 16-channel tiles), most channels, the channels of a tile (the mma's 16 rows), the sums a
+/// block writes (its pair's 16x16 products, then a tile's 16 channel sums), the pairs of
+/// tiles at most, and the sums the last block finishes (C x C products, C channel sums).
 pub const GRAM_THREADS: u32 = 512;
 pub const GRAM_MAX_BLOCKS: u32 = 128;
-pub const GRAM_CHANNELS: usize = 16;
-pub const GRAM_SUMS: usize = GRAM_CHANNELS * GRAM_CHANNELS + GRAM_CHANNELS;
+pub const GRAM_CHANNELS: usize = 32;
+pub const GRAM_TILE: usize = 16;
+pub const GRAM_SUMS: usize = GRAM_TILE * GRAM_TILE + GRAM_TILE;
+pub const GRAM_MAX_PAIRS: usize = gram_pairs(GRAM_CHANNELS);
+pub const GRAM_TOTAL: usize = GRAM_CHANNELS * GRAM_CHANNELS + GRAM_CHANNELS;
 /// Warp steps of a Gram moments round (their loads in flight together).
 pub const GRAM_UNROLL: usize = 4;
 /// Elementwise chains over its statistics a Gram launch may finish (`stat_chains`), and the
@@ -60,6 +65,15 @@ pub const GRAM_TAIL_MAX_VALUES: usize = 1024;
 // a warp's channels-last staging (GRAM_UNROLL steps of 16 pixels x 32 bytes) reuses its sums'
 // shared memory (`nn_moments_gram`)
 const _: () = assert!(GRAM_UNROLL * 16 * 32 <= GRAM_SUMS * 8);
+// an off-diagonal pair loads its two tiles in half the slots each; the kernel names the
+// pairs of up to two tiles
+const _: () = assert!(GRAM_UNROLL.is_multiple_of(2) && GRAM_CHANNELS <= 2 * GRAM_TILE);
+
+/// The pairs of 16-channel tiles (a <= b) whose products the Gram moments of `c` channels sum.
+pub const fn gram_pairs(c: usize) -> usize {
+    let tiles = c.div_ceil(GRAM_TILE);
+    tiles * (tiles + 1) / 2
+}
 pub const ELEMENTWISE_THREADS: u32 = 256;
 /// Ops and operands one fused elementwise launch carries.
 pub const EW_MAX_OPS: usize = 16;
@@ -236,7 +250,7 @@ kernel_struct! {
 /// convolution of it that only its statistics read (`gram_moments`).
 pub struct NnMomentsGram {
     pub x: u64,
-    /// double [blocks][GRAM_SUMS] scratch.
+    /// double [pairs][blocks][GRAM_SUMS] scratch.
     pub partial: u64,
     /// One u32, zero between launches.
     pub counter: u64,
@@ -262,7 +276,7 @@ pub struct NnMomentsGram {
     pub hw: i64,
     pub c: i32,
     pub cout: i32,
-    /// Non-zero: x is channels-last with 16 channels (32 bytes a pixel).
+    /// Non-zero: x is channels-last (`c` a multiple of 16: 2c bytes a pixel).
     pub cl: i32,
     pub align: i32,
 }
@@ -396,6 +410,8 @@ pub fn header() -> String {
         Define::int("NN_EW_VEC", EW_VEC as i64),
         Define::int("NN_GRAM_THREADS", GRAM_THREADS as i64),
         Define::int("NN_GRAM_SUMS", GRAM_SUMS as i64),
+        Define::int("NN_GRAM_CHANNELS", GRAM_CHANNELS as i64),
+        Define::int("NN_GRAM_TOTAL", GRAM_TOTAL as i64),
         Define::int("NN_GRAM_UNROLL", GRAM_UNROLL as i64),
         Define::int("NN_GRAM_TAILS", GRAM_TAILS as i64),
         Define::int("NN_EW_AFFINE_VEC", EW_AFFINE_VEC as i64),
@@ -1539,8 +1555,8 @@ struct Folds {
     residual: HashMap<usize, FoldedAdd>,
 }
 
-/// Whether the network's input may be stored in fp16 without changing a bit: its only reader
-/// is the NHWC → NCHW Transpose folded into a tensor-core convolution's gather
+/// Whether the network's input may be stored in fp16 without changing a bit: its readers
+/// are NHWC → NCHW Transposes folded into tensor-core convolutions' gathers
 /// (`Gather::Nhwc`), which rounds each value to fp16 (round to nearest even) as it stages it,
 /// as the writer of an fp16 input does (the frame path's conversion, the host's upload).
 fn half_input(l: &Lowered, storage: &Storage, folds: &Folds) -> bool {
@@ -1554,13 +1570,14 @@ fn half_input(l: &Lowered, storage: &Storage, folds: &Folds) -> bool {
         .filter(|(_, s)| s.inputs.contains(&l.input))
         .map(|(i, _)| i)
         .collect();
-    let [reader] = readers.as_slice() else {
-        return false;
-    };
-    folds
-        .input
-        .values()
-        .any(|&(stage, gather)| stage == *reader && gather == Gather::Nhwc)
+    // one reader, or several where its stem is recomputed (`recompute`)
+    !readers.is_empty()
+        && readers.iter().all(|&reader| {
+            folds
+                .input
+                .values()
+                .any(|&(stage, gather)| stage == reader && gather == Gather::Nhwc)
+        })
 }
 
 /// A residual Add folded into the epilogue of the convolution before it.
@@ -1947,9 +1964,11 @@ fn channels_last_values(
             let reader_ok = |j: usize| {
                 let s = &l.stages[j];
                 tensor_core_reader(j, v)
-                    // the Gram moments read 16 channels a pixel; their 1x1 convolution
-                    // does not run
-                    || (c == 16 && grams.iter().any(|g| g.own == j || g.conv == j))
+                    // the Gram moments read a pixel's 16-channel chunks; their 1x1
+                    // convolution does not run
+                    || ((c as usize).is_multiple_of(GRAM_TILE)
+                        && c as usize <= GRAM_CHANNELS
+                        && grams.iter().any(|g| g.own == j || g.conv == j))
                     // the statistics kernel reads 8 channels a pixel (not an instance
                     // normalization's application, which reads NCHW)
                     || (s.kind == StageKind::Normalize
@@ -2437,7 +2456,7 @@ pub fn build(
     let gram_partial = if grams.is_empty() {
         0
     } else {
-        8 * GRAM_SUMS as u64 * GRAM_MAX_BLOCKS as u64
+        8 * GRAM_SUMS as u64 * GRAM_MAX_BLOCKS as u64 * GRAM_MAX_PAIRS as u64
     };
     let partial = st.reserve((16 * max_c.max(1) * max_blocks).max(gram_partial));
     let mut stats = Vec::new();
@@ -2560,7 +2579,7 @@ pub fn build(
                 blocks.push((
                     Kernel::MomentsGram,
                     bytemuck::bytes_of(&p).to_vec(),
-                    (gram_blocks(hw as u64), 1, 1),
+                    (gram_blocks(hw as u64), gram_pairs(xs[1]) as u32, 1),
                     (GRAM_THREADS, 1, 1),
                     i,
                 ));
