@@ -1051,6 +1051,37 @@ fn the_stem_is_recomputed_where_the_arena_shrinks() {
     }
 }
 
+/// The recomputed stem on the GPU: the same output bits as the network that keeps the stem's
+/// output (the copy computes the same fp16 values; its two readers of the fp16 input, the last
+/// full-resolution 3x3 in bands where the plan takes them), fp16 with every fusion, on a photo:
+/// hayao_class at 1920x1080 (the element's case: bands and 32-channel Gram moments) and at
+/// 256x144, hayao_32 at 256x192.
+#[test]
+fn the_recomputed_stem_gives_the_same_bits_on_the_gpu() {
+    need_gpu!();
+    for (model, w, h) in [
+        (hayao_class(), 1920, 1080),
+        (hayao_class(), 256, 144),
+        (hayao_32(), 256, 192),
+    ] {
+        let input = photo_tensor(&model, "chelsea.png", w, h);
+        let spec = model.specialise(h, w).unwrap();
+        let recomputed = spec.recomputed_stem().expect("a recomputable stem");
+        let mut kept = gpu_with(&spec, true, false, true, Fusions::ALL);
+        let mut again = gpu_with(&recomputed, true, false, true, Fusions::ALL);
+        let (a, b) = (run_gpu(&mut kept, &input), run_gpu(&mut again, &input));
+        println!(
+            "{} {w}x{h} fp16: arena {} -> {} B, {} -> {} launches",
+            model.name(),
+            kept.program().arena.arena_bytes,
+            again.program().arena.arena_bytes,
+            kept.launches_per_frame(),
+            again.launches_per_frame()
+        );
+        assert_same_bits(&a, &b, &format!("{}: recomputing the stem", model.name()));
+    }
+}
+
 /// The Gram moments of 32 channels (three pairs of 16-channel tiles, over channels-last
 /// tensors) against the 1x1 convolution and the statistics pass they stand for, on a photo:
 /// hayao_32 and hayao_class in fp16, each against the CPU reference, with and without them. The
