@@ -380,22 +380,9 @@ pub fn centered(l: &Lowered, centers: &[Option<Vec<f32>>]) -> Result<Lowered, Ne
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::neural::engine::{Specialised, nchw_test_model};
+    use crate::neural::engine::{Specialised, nchw_test_model, test_noise as noise};
     use crate::neural::onnx::*;
     use crate::neural::tensor::Tensor;
-
-    /// `n` values from a fixed xorshift, in [-scale, scale).
-    fn noise(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut s = seed | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
 
     fn weights(name: &str, dims: &[i64], seed: u64, scale: f32) -> TensorProto {
         let n: i64 = dims.iter().product();

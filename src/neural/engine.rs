@@ -281,28 +281,25 @@ impl Specialised {
     /// output minus `c` per channel, its readers taking `c` back; [`super::center`]). It
     /// computes the same function.
     pub fn centered(&self, centers: &[Option<Vec<f32>>]) -> Result<Specialised, NeuralError> {
-        Ok(Specialised {
-            model: self.model.clone(),
-            input_shape: self.input_shape,
-            lowered: super::center::centered(&self.lowered, centers)?,
-            shaped: self.shaped.clone(),
-            last_use: self.last_use.clone(),
-        })
+        Ok(self.with_lowered(super::center::centered(&self.lowered, centers)?))
     }
 
     /// The same network with its stem computed a second time for its last reader
     /// ([`super::recompute`]), or `None` when it has no such stem. It computes the same
     /// function.
     pub fn recomputed_stem(&self) -> Option<Specialised> {
-        let lowered = super::recompute::recomputed_stem(&self.lowered)?;
-        let last_use = last_uses(&lowered);
-        Some(Specialised {
+        Some(self.with_lowered(super::recompute::recomputed_stem(&self.lowered)?))
+    }
+
+    /// This network with its stages rewritten by a graph transform.
+    fn with_lowered(&self, lowered: Lowered) -> Specialised {
+        Specialised {
             model: self.model.clone(),
             input_shape: self.input_shape,
+            last_use: last_uses(&lowered),
             lowered,
             shaped: self.shaped.clone(),
-            last_use,
-        })
+        }
     }
 
     /// Nodes left after folding, before lowering.
@@ -527,6 +524,20 @@ impl Specialised {
 fn in_stage(e: NeuralError, model: &str, i: usize, kind: StageKind, name: &str) -> NeuralError {
     let add = |m: String| format!("{m} (model '{model}', stage {i} {} '{name}')", kind.label());
     e.with_context(add)
+}
+
+/// `n` values from a fixed xorshift, in [-scale, scale), for the neural modules' unit tests.
+#[cfg(test)]
+pub(crate) fn test_noise(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
 }
 
 /// A model of `nodes` and `inits` from an NCHW RGB input named "input" to `output` (opset

@@ -159,27 +159,45 @@ pub fn recomputed_stem(l: &Lowered) -> Option<Lowered> {
 mod tests {
     use super::*;
     use crate::neural::Tensor;
-    use crate::neural::engine::{NeuralModel, Specialised, nchw_test_model};
+    use crate::neural::engine::{NeuralModel, Specialised, nchw_test_model, test_noise};
     use crate::neural::onnx::{
         NodeProto, TensorProto, attr_float, attr_ints, attr_string, float_tensor, node,
     };
 
-    /// A `k`x`k` convolution `cin → cout` (`stride`, zero pads `k / 2`) with weights from a
-    /// fixed sequence.
-    fn conv(
-        x: &str,
-        out: &str,
-        (cin, cout, k, stride): (usize, usize, usize, usize),
-    ) -> (NodeProto, Vec<TensorProto>) {
-        let (wn, bn) = (format!("{out}_w"), format!("{out}_b"));
-        let n = cout * cin * k * k;
-        let w: Vec<f32> = (0..n)
-            .map(|i| ((i * 37 % 23) as f32 - 11.0) / (11.0 * (cin * k * k) as f32))
-            .collect();
-        let b: Vec<f32> = (0..cout).map(|o| (o as f32 - 3.0) * 0.05).collect();
-        let p = (k / 2) as i64;
-        (
-            node(
+    /// Builds a model from nodes in order; a convolution brings its weights and bias (noise).
+    struct Net {
+        nodes: Vec<NodeProto>,
+        inits: Vec<TensorProto>,
+    }
+
+    impl Net {
+        fn new() -> Self {
+            Net {
+                nodes: Vec::new(),
+                inits: vec![float_tensor("scales", &[4], &[1.0, 1.0, 2.0, 2.0])],
+            }
+        }
+
+        /// A `k`x`k` convolution `cin → cout` (`stride`, zero pads `k / 2`).
+        fn conv(
+            &mut self,
+            x: &str,
+            out: &str,
+            (cin, cout, k, stride): (usize, usize, usize, usize),
+        ) {
+            let (wn, bn) = (format!("{out}_w"), format!("{out}_b"));
+            let p = (k / 2) as i64;
+            let scale = 1.0 / (cin * k * k) as f32;
+            let (n, seed) = (cout * cin * k * k, self.nodes.len() as u64 + 1);
+            let dims = [cout as i64, cin as i64, k as i64, k as i64];
+            self.inits
+                .push(float_tensor(&wn, &dims, &test_noise(n, seed, scale)));
+            self.inits.push(float_tensor(
+                &bn,
+                &[cout as i64],
+                &test_noise(cout, seed + 99, 0.1),
+            ));
+            self.nodes.push(node(
                 "Conv",
                 &[x, &wn, &bn],
                 &[out],
@@ -188,82 +206,55 @@ mod tests {
                     attr_ints("strides", &[stride as i64, stride as i64]),
                     attr_ints("pads", &[p, p, p, p]),
                 ],
-            ),
-            vec![
-                float_tensor(&wn, &[cout as i64, cin as i64, k as i64, k as i64], &w),
-                float_tensor(&bn, &[cout as i64], &b),
-            ],
-        )
-    }
-
-    fn model(
-        name: &str,
-        parts: Vec<(NodeProto, Vec<TensorProto>)>,
-        extra: Vec<NodeProto>,
-    ) -> NeuralModel {
-        let mut nodes = Vec::new();
-        let mut inits = Vec::new();
-        for (n, i) in parts {
-            nodes.push(n);
-            inits.extend(i);
+            ));
         }
-        nodes.extend(extra);
-        // the extra nodes are placed after the convolutions; order them by dependency
-        nodes.sort_by_key(|n| order_of(&n.output[0]));
-        inits.push(float_tensor("scales", &[4], &[1.0, 1.0, 2.0, 2.0]));
-        nchw_test_model(name, nodes, inits, "output")
-    }
 
-    /// The U-Net's values in computation order.
-    fn order_of(v: &str) -> usize {
-        const ORDER: [&str; 12] = [
-            "stem_c", "stem", "down_c", "down", "mid_c", "mid", "up", "up_c", "sum", "head_c",
-            "output", "",
-        ];
-        ORDER.iter().position(|o| *o == v).unwrap_or(ORDER.len())
+        fn op(&mut self, n: NodeProto) {
+            self.nodes.push(n);
+        }
+
+        fn relu(&mut self, x: &str, y: &str) {
+            self.op(node(
+                "LeakyRelu",
+                &[x],
+                &[y],
+                vec![attr_float("alpha", 0.2)],
+            ));
+        }
+
+        fn model(self, name: &str) -> NeuralModel {
+            nchw_test_model(name, self.nodes, self.inits, "output")
+        }
     }
 
     /// A small U-Net of the AnimeGANv3 kind: a stem, a stride-2 block, a 1x1 block, an
     /// upsampling block (nearest Resize, 3x3) and the skip Add of the stem's output, a head.
     fn unet() -> Specialised {
-        let relu = |x: &str, y: &str| node("LeakyRelu", &[x], &[y], vec![attr_float("alpha", 0.2)]);
-        model(
-            "unet",
-            vec![
-                conv("input", "stem_c", (3, 8, 3, 1)),
-                conv("stem", "down_c", (8, 8, 3, 2)),
-                conv("down", "mid_c", (8, 8, 1, 1)),
-                conv("up", "up_c", (8, 8, 3, 1)),
-                conv("sum", "head_c", (8, 3, 1, 1)),
-            ],
-            vec![
-                relu("stem_c", "stem"),
-                relu("down_c", "down"),
-                relu("mid_c", "mid"),
-                node(
-                    "Resize",
-                    &["mid", "", "scales"],
-                    &["up"],
-                    vec![attr_string("mode", "nearest")],
-                ),
-                node("Add", &["up_c", "stem"], &["sum"], vec![]),
-                node("Tanh", &["head_c"], &["output"], vec![]),
-            ],
-        )
-        .specialise(16, 24)
-        .unwrap()
+        let mut n = Net::new();
+        n.conv("input", "stem_c", (3, 8, 3, 1));
+        n.relu("stem_c", "stem");
+        n.conv("stem", "down_c", (8, 8, 3, 2));
+        n.relu("down_c", "down");
+        n.conv("down", "mid_c", (8, 8, 1, 1));
+        n.relu("mid_c", "mid");
+        n.op(node(
+            "Resize",
+            &["mid", "", "scales"],
+            &["up"],
+            vec![attr_string("mode", "nearest")],
+        ));
+        n.conv("up", "up_c", (8, 8, 3, 1));
+        n.op(node("Add", &["up_c", "stem"], &["sum"], vec![]));
+        n.conv("sum", "head_c", (8, 3, 1, 1));
+        n.op(node("Tanh", &["head_c"], &["output"], vec![]));
+        n.model("unet").specialise(16, 24).unwrap()
     }
 
-    fn input(shape: [usize; 4], seed: u32) -> Tensor<f32> {
-        let n = shape.iter().product();
-        let mut s = seed;
-        let data = (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
-                (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect();
-        Tensor::new(shape.to_vec(), data)
+    fn input(shape: [usize; 4], seed: u64) -> Tensor<f32> {
+        Tensor::new(
+            shape.to_vec(),
+            test_noise(shape.iter().product(), seed, 1.0),
+        )
     }
 
     #[test]
@@ -314,19 +305,12 @@ mod tests {
     #[test]
     fn a_network_without_a_late_stem_reader_is_left_alone() {
         // the stem's output read by the next stage only
-        let spec = model(
-            "chain",
-            vec![
-                conv("input", "stem_c", (3, 8, 3, 1)),
-                conv("stem", "head_c", (8, 3, 3, 1)),
-            ],
-            vec![
-                node("Relu", &["stem_c"], &["stem"], vec![]),
-                node("Tanh", &["head_c"], &["output"], vec![]),
-            ],
-        )
-        .specialise(8, 8)
-        .unwrap();
+        let mut n = Net::new();
+        n.conv("input", "stem_c", (3, 8, 3, 1));
+        n.op(node("Relu", &["stem_c"], &["stem"], vec![]));
+        n.conv("stem", "head_c", (8, 3, 3, 1));
+        n.op(node("Tanh", &["head_c"], &["output"], vec![]));
+        let spec = n.model("chain").specialise(8, 8).unwrap();
         assert!(recomputed_stem(spec.lowered()).is_none());
         assert!(spec.recomputed_stem().is_none());
     }
