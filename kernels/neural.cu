@@ -502,12 +502,28 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
     const void* __restrict__ x = (const void*)p->x;
     const bool x_f32 = p->x_f32;
     const long long x_rs = p->x_rs, x_ps = p->x_ps, x_cs = p->x_cs;
+    // the network's input straight from the frame's NV12 planes (NnConv::frame; 3 channels,
+    // so the narrow slots): the value nf_nv12_to_tensor would have stored in fp16
+    const NfFrame* __restrict__ frame = (const NfFrame*)p->frame;
     for (int se = threadIdx.x; se < rows * scols; se += blockDim.x) {
         // a fixed shape's separable table (nn_tc_axis_source), else the full one
         const int2 at = axis_source ? nn_tc_combine(axis_source[se / scols], axis_source[rows + se % scols])
                                     : source[se];
         const long long off = (long long)at.x * x_rs + (long long)at.y * x_ps;
-        if (wide) {
+        if (frame) {
+            unsigned short h[4] = {0, 0, 0, 0};
+            if (at.x >= 0) {
+                // the input's reflect padding to the network's size, as the conversion pads
+                float rgb[3];
+                nf_pixel_rgb(frame, nf_reflect(at.y, frame->scaled_w), nf_reflect(at.x, frame->scaled_h), rgb);
+#pragma unroll
+                for (int c = 0; c < 3; c++)
+                    h[c] = float_to_half_bits(nf_input_value(frame, rgb[c]));
+            } else if (at.x != -1) { // the Pad's fill (-1: zero padding)
+                h[0] = h[1] = h[2] = fill_bits;
+            }
+            *(uint2*)(staged + se * 4) = make_uint2(nn_pack2(h[0], h[1]), nn_pack2(h[2], h[3]));
+        } else if (wide) {
             unsigned short h[8];
             nn_tc_stage_values<8>(x, x_f32, off, x_cs, at, cin, fill_bits, h);
             *(uint4*)(staged + se * 8) = make_uint4(nn_pack2(h[0], h[1]), nn_pack2(h[2], h[3]),

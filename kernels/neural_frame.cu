@@ -111,80 +111,8 @@ extern "C" __global__ void nf_scene(const NfFrame* p)
     }
 }
 
-// Index of padded index i on an axis of n samples under ONNX reflect padding.
-__device__ __forceinline__ int nf_reflect(int i, int n)
-{
-    if (i < n) // inside (the padding is at the end): no division
-        return i;
-    if (n <= 1)
-        return 0;
-    const int period = 2 * (n - 1);
-    const int j = i % period;
-    return j < n ? j : period - j;
-}
-
-// The chroma neighbour bilinear upsampling reads for luma index i (n chroma samples).
-__device__ __forceinline__ int nf_chroma_neighbour(int i, int n)
-{
-    const int c = i / 2;
-    return (i & 1) == 0 ? max(c - 1, 0) : min(c + 1, n - 1);
-}
-
-// a*wa + b*wb + c*wc in the reference's order.
-__device__ __forceinline__ float nf_taps3(float a, float b, float c, float wa, float wb, float wc)
-{
-    return a * wa + b * wb + c * wc;
-}
-
-// Chroma of pixel (x, y) in codes minus 128, Cb and Cr together (they are interleaved, so
-// each read is one 2-byte load), as nv12_to_rgb makes them: centred bilinear plus the block
-// correction of its 2x2 block; each channel's arithmetic in the reference's order.
-__device__ void nf_chroma(const NfFrame* p, const unsigned char* uv, int x, int y, float out[2])
-{
-    const int w = p->width, cw = w / 2, ch = p->height / 2;
-    const int cy = y / 2, c = x / 2, nb = nf_chroma_neighbour(x, cw);
-    const uchar2* here = (const uchar2*)(uv + (long long)cy * w);
-    const uchar2* above = (const uchar2*)(uv + (long long)max(cy - 1, 0) * w);
-    const uchar2* below = (const uchar2*)(uv + (long long)min(cy + 1, ch - 1) * w);
-    const uchar2* far = (const uchar2*)(uv + (long long)nf_chroma_neighbour(y, ch) * w);
-    const int left = max(c - 1, 0), right = min(c + 1, cw - 1);
-    const uchar2 a[3] = {above[left], above[c], above[right]};
-    const uchar2 m[3] = {here[left], here[c], here[right]};
-    const uchar2 b[3] = {below[left], below[c], below[right]};
-    const uchar2 fc = far[c], hn = here[nb], fn = far[nb];
-    // per channel: the vertical blur at three chroma columns, then across them
-    const float bl0 = nf_taps3(a[0].x, m[0].x, b[0].x, 0.125f, 0.75f, 0.125f);
-    const float bc0 = nf_taps3(a[1].x, m[1].x, b[1].x, 0.125f, 0.75f, 0.125f);
-    const float br0 = nf_taps3(a[2].x, m[2].x, b[2].x, 0.125f, 0.75f, 0.125f);
-    const float bl1 = nf_taps3(a[0].y, m[0].y, b[0].y, 0.125f, 0.75f, 0.125f);
-    const float bc1 = nf_taps3(a[1].y, m[1].y, b[1].y, 0.125f, 0.75f, 0.125f);
-    const float br1 = nf_taps3(a[2].y, m[2].y, b[2].y, 0.125f, 0.75f, 0.125f);
-    const float res0 = (float)m[1].x - nf_taps3(bl0, bc0, br0, 0.125f, 0.75f, 0.125f);
-    const float res1 = (float)m[1].y - nf_taps3(bl1, bc1, br1, 0.125f, 0.75f, 0.125f);
-    const float near_c0 = 0.75f * (float)m[1].x + 0.25f * (float)fc.x - 128.0f;
-    const float near_n0 = 0.75f * (float)hn.x + 0.25f * (float)fn.x - 128.0f;
-    const float near_c1 = 0.75f * (float)m[1].y + 0.25f * (float)fc.y - 128.0f;
-    const float near_n1 = 0.75f * (float)hn.y + 0.25f * (float)fn.y - 128.0f;
-    out[0] = 0.75f * near_c0 + 0.25f * near_n0 + res0;
-    out[1] = 0.75f * near_c1 + 0.25f * near_n1 + res1;
-}
-
-// Nominal RGB of frame pixel (x, y), as nv12_to_rgb makes it (not clamped).
-__device__ void nf_pixel_rgb(const NfFrame* p, int x, int y, float rgb[3])
-{
-    const unsigned char* luma = (const unsigned char*)p->nv12_in;
-    const unsigned char* uv = luma + (long long)p->width * p->height;
-    const float c_inv = 1.0f / p->c_scale;
-    const float yn = ((float)luma[(long long)y * p->width + x] - p->y_offset) * (1.0f / p->y_scale);
-    float cbcr[2];
-    nf_chroma(p, uv, x, y, cbcr);
-    const float pb = cbcr[0] * c_inv;
-    const float pr = cbcr[1] * c_inv;
-    const float kr = p->kr, kb = p->kb, kg = 1.0f - kr - kb;
-    rgb[0] = yn + 2.0f * (1.0f - kr) * pr;
-    rgb[2] = yn + 2.0f * (1.0f - kb) * pb;
-    rgb[1] = (yn - kr * rgb[0] - kb * rgb[2]) / kg;
-}
+// nf_reflect, nf_chroma and nf_pixel_rgb (NV12 -> nominal RGB): kernels/nv12.cuh, shared with
+// the stem's NV12 gather in neural.cu.
 
 // Whether the network runs at another size than the frame (model-scale below 1).
 __device__ __forceinline__ int nf_scaled(const NfFrame* p)
@@ -234,7 +162,7 @@ extern "C" __global__ void nf_nv12_to_tensor(const NfFrame* p)
     const long long plane = (long long)p->net_w * p->net_h;
     const long long at = (long long)py * p->net_w + px;
     for (int c = 0; c < 3; c++) {
-        const float v = rgb[c] * p->v_scale + p->v_offset;
+        const float v = nf_input_value(p, rgb[c]);
         const long long i = p->nchw ? c * plane + at : at * 3 + c;
         if (p->in_half) // rounded as the convolution that reads it would round it
             ((unsigned short*)p->tensor_in)[i] = float_to_half_bits(v);

@@ -462,3 +462,120 @@ fn the_element_takes_and_gives_cuda_memory_with_the_frames_of_system_memory() {
         }
     }
 }
+
+/// Where the frame path feeds an fp16 network at model-scale 1 (`Storage::frame_input`), its stem
+/// gathers the input from the NV12 frame itself (kernels/nv12.cuh, the conversion's own
+/// arithmetic): the network's output and the filtered NV12 frames have the same bits as with the
+/// conversion kernel's fp16 input tensor, frame after frame with graphs captured (three frames
+/// of two photos each, BT.709 limited and BT.601 full): tiny_16 (the 7x7 tap-packed stem over 3
+/// channels), hayao_32 with its stem recomputed for its last reader (the frame read twice, the
+/// network in two graphs on the overlap path). Below model-scale 1 the frame path refuses such
+/// a network (it resamples the frame first).
+#[test]
+fn the_stem_gathering_the_nv12_frame_gives_the_conversions_bits() {
+    let Some(device) = cuda_or_skip() else {
+        return;
+    };
+    println!("device: {device}");
+    let tiny_16 = onnx_models::tiny_like_channels([16, 16, 16, 32, 32], false, "tiny_16");
+    let hayao_32 = onnx_models::hayao_like_channels([16, 32, 32, 32], "hayao_32");
+    let models = [
+        (
+            NeuralModel::from_bytes(&encode_model(&tiny_16), "tiny_16").unwrap(),
+            false,
+        ),
+        (
+            NeuralModel::from_bytes(&encode_model(&hayao_32), "hayao_32").unwrap(),
+            true,
+        ),
+    ];
+    let photos: Vec<Frame> = PHOTOS[..2].iter().map(|p| load_photo(p, W, H)).collect();
+    for (model, recompute) in &models {
+        for (matrix, range) in [
+            (ColorMatrix::Bt709, ColorRange::Limited),
+            (ColorMatrix::Bt601, ColorRange::Full),
+        ] {
+            let config = config(model, matrix, range, 1.0);
+            let converter = FrameConverter::new(config).unwrap();
+            let (h, w) = converter.network_size();
+            let spec = model.specialise(h, w).unwrap();
+            let spec = if *recompute {
+                spec.recomputed_stem().expect("a recomputable stem")
+            } else {
+                spec
+            };
+            let storage = Storage::uniform(spec.stage_count(), true);
+            let rig = |storage: &Storage| {
+                let mut gpu = NeuralGpu::new(0, &spec, storage, 0, true).unwrap();
+                let frames =
+                    DeviceFrames::new(gpu.context(), &config, gpu.program(), (h, w), settings(4))
+                        .unwrap();
+                gpu.attach_frame(frames.frame_block()).unwrap();
+                (gpu, frames)
+            };
+            let mut plain = rig(&storage);
+            let mut fed = rig(&storage.clone().with_frame_input(true));
+            assert!(!plain.0.program().frame_fed());
+            assert!(
+                fed.0.program().frame_fed(),
+                "{}: no NV12 gather",
+                model.name()
+            );
+            assert_eq!(
+                fed.0.program().frame_fields.len(),
+                1 + *recompute as usize,
+                "{}",
+                model.name()
+            );
+            assert_eq!(fed.1.launches() + 1, plain.1.launches());
+            for (i, photo) in photos.iter().enumerate() {
+                for k in 0..3 {
+                    let input = noisy(photo, 3, (i * 10 + k) as u64);
+                    let mut outs = Vec::new();
+                    for (gpu, frames) in [&mut plain, &mut fed] {
+                        let mut out = Frame::new(W, H);
+                        let (view, mut target) = (input.view(), out.view_mut());
+                        let mut job =
+                            frames.job(FrameSource::Host(&view), FrameTarget::Host(&mut target));
+                        gpu.run_device(&mut job).unwrap();
+                        job.conclude();
+                        let mut net = converter.new_tensor();
+                        frames.read_output(gpu.stream(), &mut net.data).unwrap();
+                        outs.push((out, net, gpu.last_frame_stats().graph_replayed));
+                    }
+                    let label = format!(
+                        "{} {matrix:?}/{range:?} {} frame {k}",
+                        model.name(),
+                        PHOTOS[i]
+                    );
+                    let bits =
+                        |t: &Tensor<f32>| t.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert!(
+                        bits(&outs[0].1) == bits(&outs[1].1),
+                        "{label}: the network's output differs (max {:.3e})",
+                        max_abs_diff_f32(&outs[0].1.data, &outs[1].1.data)
+                    );
+                    assert!(
+                        outs[0].0.data == outs[1].0.data,
+                        "{label}: the NV12 frames differ"
+                    );
+                    println!(
+                        "{label}: same bits (graphs replayed: {} / {})",
+                        outs[0].2, outs[1].2
+                    );
+                }
+            }
+        }
+    }
+    // below model-scale 1 the frame is resampled before the network: refused
+    let (model, _) = &models[0];
+    let config = config(model, ColorMatrix::Bt709, ColorRange::Limited, 0.5);
+    let converter = FrameConverter::new(config).unwrap();
+    let (h, w) = converter.network_size();
+    let spec = model.specialise(h, w).unwrap();
+    let storage = Storage::uniform(spec.stage_count(), true).with_frame_input(true);
+    let gpu = NeuralGpu::new(0, &spec, &storage, 0, true).unwrap();
+    assert!(gpu.program().frame_fed());
+    let refused = DeviceFrames::new(gpu.context(), &config, gpu.program(), (h, w), settings(4));
+    assert!(refused.is_err(), "a resampled frame fed to the stem");
+}

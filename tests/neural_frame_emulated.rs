@@ -138,6 +138,11 @@ fn the_frame_kernels_run_on_the_host_give_the_cpu_references_results() {
         .expect("the fp16 helpers follow the ABI");
     std::fs::write(dir.join("abi.h"), &source[..abi_end]).unwrap();
     std::fs::write(dir.join("neural_frame.cu"), neural_frame::KERNEL_SOURCE).unwrap();
+    std::fs::write(
+        dir.join("nv12.cuh"),
+        gsttoonflow::cuda::kernels::NV12_HELPERS,
+    )
+    .unwrap();
     let driver = repo().join("tests/emulate/neural_frame_host.cpp");
     let exe = dir.join("neural_frame_host");
     let built = Command::new(&compiler)

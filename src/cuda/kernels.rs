@@ -29,10 +29,16 @@ pub const KERNEL_FILE: &str = "toonflow.cu";
 /// fp16 storage helpers shared by the neural kernel files (kernels/fp16.cuh).
 pub const FP16_HELPERS: &str = include_str!("../../kernels/fp16.cuh");
 
-/// The body of a neural translation unit: the fp16 helpers, then `source` (as `file` in
-/// NVRTC's messages).
-pub fn with_fp16_helpers(file: &str, source: &str) -> String {
-    format!("#line 1 \"fp16.cuh\"\n{FP16_HELPERS}\n#line 1 \"{file}\"\n{source}")
+/// NV12 -> the network's input values, shared by the neural kernel files (kernels/nv12.cuh;
+/// it reads the `NfFrame` their ABI headers declare).
+pub const NV12_HELPERS: &str = include_str!("../../kernels/nv12.cuh");
+
+/// The body of a neural translation unit: the fp16 and NV12 helpers, then `source` (as `file`
+/// in NVRTC's messages).
+pub fn with_neural_helpers(file: &str, source: &str) -> String {
+    format!(
+        "#line 1 \"fp16.cuh\"\n{FP16_HELPERS}\n#line 1 \"nv12.cuh\"\n{NV12_HELPERS}\n#line 1 \"{file}\"\n{source}"
+    )
 }
 
 /// Names of the kernels in `toonflow.cu`.

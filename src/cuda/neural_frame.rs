@@ -174,7 +174,7 @@ pub fn full_source() -> String {
     let table = c_float_table("NF_CODE_VALUE", &values);
     format!(
         "{header}\n{table}\n{}",
-        crate::cuda::kernels::with_fp16_helpers(KERNEL_FILE, KERNEL_SOURCE)
+        crate::cuda::kernels::with_neural_helpers(KERNEL_FILE, KERNEL_SOURCE)
     )
 }
 
@@ -348,6 +348,9 @@ pub struct DeviceFrames {
     reset_pending: bool,
     /// Bytes of the last frame that crossed PCIe up and down (0 for a device frame).
     transferred: (u64, u64),
+    /// The attached network gathers its input from `nv12_in` (`Program::frame_fed`): no
+    /// input conversion runs.
+    input_gathered: bool,
 }
 
 impl std::fmt::Debug for DeviceFrames {
@@ -359,6 +362,13 @@ impl std::fmt::Debug for DeviceFrames {
             .field("device_bytes", &self.device_bytes())
             .finish()
     }
+}
+
+/// Whether the network may gather its input from the frame path's NV12 planes for `config`
+/// (`Storage::frame_input`): at the frame's own size (no resampling below model-scale 1).
+pub fn input_gatherable(config: &ConverterConfig) -> bool {
+    scaled_dimension(config.width, config.scale) == config.width
+        && scaled_dimension(config.height, config.scale) == config.height
 }
 
 impl DeviceFrames {
@@ -463,6 +473,7 @@ impl DeviceFrames {
             slots: RingSlots::new(capacity),
             reset_pending: true,
             transferred: (0, 0),
+            input_gathered: false,
         };
         frames.attach(program)?;
         Ok(frames)
@@ -470,8 +481,20 @@ impl DeviceFrames {
 
     /// Points the conversions at `program`'s input, output and control block (after the
     /// network was rebuilt) and writes the parameter block.
+    ///
+    /// A network that gathers its input from the NV12 planes (`Program::frame_fed`) needs no
+    /// input conversion: the frame path then leaves `nf_nv12_to_tensor` out, and the network
+    /// reads this block ([`frame_block`](Self::frame_block), `NeuralGpu::attach_frame`).
     pub fn attach(&mut self, program: &Program) -> Result<(), CudaError> {
         let (n_in, n_out) = (program.input, program.output);
+        self.input_gathered = program.frame_fed();
+        if self.input_gathered && self.scaled != (self.width, self.height) {
+            return Err(CudaError::Failed(format!(
+                "the network gathers its input from the NV12 frame, which model-scale {}x{} \
+                 of {}x{} resamples first",
+                self.scaled.0, self.scaled.1, self.width, self.height
+            )));
+        }
         let want = (self.params.net_w * self.params.net_h * 3) as u64;
         let packed = n_in.channels_last.is_none() && n_out.channels_last.is_none();
         if !packed || n_in.elements != want || n_out.elements != want {
@@ -481,6 +504,7 @@ impl DeviceFrames {
                 n_in.elements, n_out.elements, !packed, self.params.net_w, self.params.net_h
             )));
         }
+        // (0: gathered from the planes)
         self.params.tensor_in = n_in.addr;
         self.params.tensor_out = n_out.addr;
         self.params.in_half = n_in.half as i32;
@@ -511,6 +535,13 @@ impl DeviceFrames {
     /// The network's input as the conversion wrote it, into `out` (f32, the network's input
     /// size), on `stream`, synchronised (the calibration frame's host copy).
     pub fn read_input(&self, stream: &CudaStream, out: &mut [f32]) -> Result<(), CudaError> {
+        if self.input_gathered {
+            return Err(CudaError::Failed(
+                "the network gathers its input from the NV12 frame: there is no input tensor \
+                 to read"
+                    .into(),
+            ));
+        }
         self.read_tensor(stream, self.params.tensor_in, self.params.in_half != 0, out)
     }
 
@@ -579,10 +610,21 @@ impl DeviceFrames {
     /// Kernel launches per frame.
     pub fn launches(&self) -> u32 {
         if self.scaled == (self.width, self.height) {
-            LAUNCHES_UNSCALED
+            LAUNCHES_UNSCALED - self.input_gathered as u32
         } else {
             LAUNCHES_SCALED
         }
+    }
+
+    /// Of those, the kernels before the network.
+    fn launches_before(&self) -> u32 {
+        LAUNCHES_BEFORE - self.input_gathered as u32
+    }
+
+    /// The device address of the parameter block (`NfFrame`) the kernels read: a network
+    /// that gathers its input from the NV12 planes reads it too (`NeuralGpu::attach_frame`).
+    pub fn frame_block(&self) -> u64 {
+        self.block.ptr + self.layout.frame
     }
 
     /// Device bytes held (NV12 planes, ring, thumbnails, tap lists, blocks).
@@ -789,6 +831,9 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
             (NF_BLOCK, 1),
         )?;
         f.launch(stream, 1, (1, 1), (NF_BLOCK, 1))?;
+        if f.input_gathered {
+            return Ok(());
+        }
         let grid = (
             (p.net_w as u32).div_ceil(BLOCK_2D),
             (p.net_h as u32).div_ceil(BLOCK_2D),
@@ -801,7 +846,7 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
         let over =
             |w: usize, h: usize| ((w as u32).div_ceil(BLOCK_2D), (h as u32).div_ceil(BLOCK_2D));
         let blocks = over(f.width / 2, f.height / 2);
-        if f.launches() == LAUNCHES_UNSCALED {
+        if f.scaled == (f.width, f.height) {
             return f.launch(stream, 3, blocks, (BLOCK_2D, BLOCK_2D));
         }
         f.launch(
@@ -818,7 +863,7 @@ impl DeviceFrameIo for FrameJob<'_, '_, '_> {
     }
 
     fn launches_before(&self) -> u32 {
-        LAUNCHES_BEFORE
+        self.frames.launches_before()
     }
 
     fn download(&mut self, stream: &CudaStream) -> Result<(), CudaError> {

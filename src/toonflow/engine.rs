@@ -254,6 +254,8 @@ pub struct Engine {
     model: Option<(String, Arc<NeuralModel>)>,
     backend: Backend,
     max_device_memory: u64,
+    /// `model-low-memory`.
+    low_memory: bool,
     use_graph: bool,
     stream: Option<Stream>,
     processor: Option<Processor>,
@@ -323,6 +325,7 @@ impl Engine {
             model,
             backend,
             max_device_memory: settings.max_device_memory,
+            low_memory: settings.model.low_memory,
             use_graph: settings.cuda_graph,
             stream: None,
             processor: None,
@@ -517,6 +520,7 @@ impl Engine {
                 neural_params(settings),
                 self.max_device_memory,
                 fp16,
+                self.low_memory,
                 self.use_graph,
             ) {
                 Ok(mut p) => {

@@ -20,7 +20,7 @@ use crate::cuda::neural::program::Storage;
 use crate::cuda::neural::{NeuralGpu, NeuralGpuError, NeuralGpuEvent, with_recomputed_stem};
 use cudarc::driver::CudaEvent;
 
-use crate::cuda::neural_frame::{DeviceFrames, FilterSettings, reborrow};
+use crate::cuda::neural_frame::{DeviceFrames, FilterSettings, input_gatherable, reborrow};
 use crate::cuda::neural_overlap::{FinishedFrame, NeuralOverlap};
 use crate::cuda::{CudaError, FrameSource, FrameTarget, GpuFrameStats};
 use crate::neural::Tensor;
@@ -71,7 +71,8 @@ impl std::fmt::Debug for NeuralCuda {
 impl NeuralCuda {
     /// Specialises `model` for `config` and builds it on CUDA device `device_id`: fp32 storage
     /// (also the calibration run of `fp16`). `max_bytes` (max-device-memory, 0 = no cap)
-    /// bounds activations, weights and state together.
+    /// bounds activations, weights and state together; `low_memory` (model-low-memory): the
+    /// stem recomputed from the NV12 frame wherever that shrinks the arena by a tenth.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         device_id: usize,
@@ -80,12 +81,20 @@ impl NeuralCuda {
         params: NeuralTemporalParams,
         max_bytes: u64,
         fp16: bool,
+        low_memory: bool,
         use_graph: bool,
     ) -> Result<NeuralCuda, NeuralGpuError> {
         // The smoother runs on the device; the host one only stands in for the shared type.
         let mut f = NetworkFrames::new(model, config, params, |_| StatSmoother::new(0, 0.0))?;
         let mut log = Vec::new();
-        if let Some((network, before, after)) = with_recomputed_stem(&f.network) {
+        // an fp16 network at the frame's size gathers its input from the frame path's NV12
+        // planes where its stem can; with `low_memory` its stem copy may read them too, where
+        // that shrinks the arena without keeping an input tensor (the tiny layout); the
+        // Hayao-class layout's copy pays beside an input tensor already
+        let gathers = fp16 && device_frames_enabled() && input_gatherable(&config);
+        if let Some((network, before, after)) =
+            with_recomputed_stem(&f.network, gathers && low_memory)
+        {
             log.push(format!(
                 "the stem is computed again for its last reader: fp16 arena {before} -> {after} \
                  bytes"
@@ -104,6 +113,7 @@ impl NeuralCuda {
             let size = f.network_size();
             match DeviceFrames::new(gpu.context(), &config, gpu.program(), size, settings) {
                 Ok(frames) => {
+                    gpu.attach_frame(frames.frame_block())?;
                     log.push(format!(
                         "frame conversions, scene gate and output filter on the device ({} \
                          bytes)",
@@ -405,6 +415,7 @@ impl NeuralCuda {
             return Err(no_device_frames());
         };
         frames.attach(gpu.program())?;
+        gpu.attach_frame(frames.frame_block())?;
         frames.write_output(gpu.stream(), &self.output.data)?;
         let mut job = frames.job(input, output);
         job.after(gpu.stream())?;
@@ -494,10 +505,12 @@ impl NeuralCuda {
     /// allocated; the smoother starts over).
     fn rebuild(&mut self, storage: &Storage) -> Result<(), NeuralGpuError> {
         self.gpu = None;
+        // the frame path attaches the rebuilt network (`calibrate_on_device`)
+        let gathers = self.frames.is_some() && input_gatherable(&self.f.config);
         let mut gpu = NeuralGpu::new(
             self.device_id,
             &self.f.network,
-            storage,
+            &storage.clone().with_frame_input(gathers),
             self.max_bytes,
             self.use_graph,
         )?;

@@ -9,9 +9,9 @@ use gst::prelude::*;
 
 use super::settings::{
     BackendChoice, DEFAULT_CUDA_GRAPH, DEFAULT_DEVICE_ID, DEFAULT_MAX_DEVICE_MEMORY,
-    DEFAULT_MODEL_EDGES, DEFAULT_MODEL_SCALE, DEFAULT_MODEL_SIZE_MULTIPLE,
-    DEFAULT_MODEL_STAT_SMOOTHING, DEFAULT_OVERLAP, DEFAULT_STATS_INTERVAL, ModelRange,
-    PrecisionChoice, Settings,
+    DEFAULT_MODEL_EDGES, DEFAULT_MODEL_LOW_MEMORY, DEFAULT_MODEL_SCALE,
+    DEFAULT_MODEL_SIZE_MULTIPLE, DEFAULT_MODEL_STAT_SMOOTHING, DEFAULT_OVERLAP,
+    DEFAULT_STATS_INTERVAL, ModelRange, PrecisionChoice, Settings,
 };
 use crate::neural::frame::ConverterConfig;
 use crate::pipeline::StageParams;
@@ -159,6 +159,12 @@ pub static TABLE: LazyLock<Vec<Property>> = LazyLock::new(|| {
         row!(model.size_multiple => uint("model-size-multiple", "Model size multiple", "The network's input is padded (reflect) to a multiple of this and its output cropped back (0 = what the model's strides need)", (0, ConverterConfig::MAX_MULTIPLE as u32), DEFAULT_MODEL_SIZE_MULTIPLE)),
         row!(model.stat_smoothing => double("model-stat-smoothing", "Model statistics smoothing", "Exponential smoothing of each normalization's statistics over recent frames against flicker (0 = each frame's own, as the network was trained)", (0.0, MAX_SMOOTHING), DEFAULT_MODEL_STAT_SMOOTHING)),
         row!(model.edges => boolean("model-edges", "Model edges", "Draw the classic pipeline's DoG lines (edge-* properties) over the network's output", DEFAULT_MODEL_EDGES)),
+        row!(model.low_memory => glib::ParamSpecBoolean::builder("model-low-memory")
+            .nick("Model low memory")
+            .blurb("Trade speed for device memory: on CUDA, an fp16 network at model-scale 1 computes its stem a second time from the NV12 frame for its last skip connection wherever that shrinks its activations by a tenth (AnimeGANv3 tiny at 1080p: 134 -> 118 MB for the element, about 11% fewer frames per second, H100); false = only where the Hayao-class layout needs it anyway. Read at start")
+            .default_value(DEFAULT_MODEL_LOW_MEMORY)
+            .mutable_ready()
+            .build()),
     ]
 });
 

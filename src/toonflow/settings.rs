@@ -94,6 +94,7 @@ pub const DEFAULT_MODEL_SIZE_MULTIPLE: u32 = 0;
 /// 0: each frame's own normalization statistics, as the network was trained.
 pub const DEFAULT_MODEL_STAT_SMOOTHING: f64 = 0.0;
 pub const DEFAULT_MODEL_EDGES: bool = false;
+pub const DEFAULT_MODEL_LOW_MEMORY: bool = false;
 
 /// The neural stage's settings (`model` and `model-*`).
 #[derive(Debug, Clone, PartialEq)]
@@ -105,6 +106,9 @@ pub struct ModelSettings {
     pub size_multiple: u32,
     pub stat_smoothing: f64,
     pub edges: bool,
+    /// `model-low-memory`: the stem computed again from the NV12 frame wherever that shrinks
+    /// the network's activations by a tenth, at some speed (read at start).
+    pub low_memory: bool,
 }
 
 impl Default for ModelSettings {
@@ -116,6 +120,7 @@ impl Default for ModelSettings {
             size_multiple: DEFAULT_MODEL_SIZE_MULTIPLE,
             stat_smoothing: DEFAULT_MODEL_STAT_SMOOTHING,
             edges: DEFAULT_MODEL_EDGES,
+            low_memory: DEFAULT_MODEL_LOW_MEMORY,
         }
     }
 }

@@ -24,7 +24,13 @@ template <class T> T __shfl_down_sync(unsigned, T v, int) { return v; }
 static void __syncthreads() {}
 static inline float half_bits_to_float(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 static inline unsigned short float_to_half_bits(float v) { _Float16 f = (_Float16)v; unsigned short h; memcpy(&h, &f, 2); return h; }
+// the separately rounded operations of kernels/nv12.cuh (the host build has no contraction)
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
 #include "abi.h"
+#include "nv12.cuh"
 #include "neural_frame.cu"
 
 typedef void (*Kernel)(const NfFrame*);

@@ -45,7 +45,7 @@ pub fn full_source() -> String {
     format!(
         "{}\n{}",
         program::header(),
-        crate::cuda::kernels::with_fp16_helpers(KERNEL_FILE, KERNEL_SOURCE)
+        crate::cuda::kernels::with_neural_helpers(KERNEL_FILE, KERNEL_SOURCE)
     )
 }
 
@@ -165,6 +165,9 @@ enum GraphPart {
     Frame,
     Input,
     Output,
+    /// The overlap path's network after its last launch that reads the frame's NV12 planes
+    /// (a network that gathers its input from them: `Program::frame_fed`).
+    FrameTail,
 }
 
 /// The overlap path's wait before a frame's output kernels: `free` (none for the first
@@ -183,7 +186,7 @@ pub struct NeuralGpu {
     /// The overlap path's input and output kernels ([`GraphPart`]): caches of their own, since
     /// a cache captures a key only after a streak of frames asking for it and the parts of a
     /// frame alternate.
-    part_caches: [GraphCache<u32, OwnedGraph>; 2],
+    part_caches: [GraphCache<u32, OwnedGraph>; 3],
     arena: DeviceBlock,
     statics: DeviceBlock,
     host_control: Box<NnControl>,
@@ -203,6 +206,10 @@ pub struct NeuralGpu {
     output_halves: Vec<u16>,
     /// An fp16 input's upload (`upload_input`).
     input_halves: Vec<u16>,
+    /// A network that gathers its input from the frame path's NV12 frame
+    /// (`Program::frame_fed`): whether its launches point at the frame's block yet
+    /// ([`attach_frame`](Self::attach_frame)).
+    frame_attached: bool,
 }
 
 impl std::fmt::Debug for NeuralGpu {
@@ -308,6 +315,7 @@ impl NeuralGpu {
             part_caches: [
                 GraphCache::new(1, GRAPH_WARMUP_FRAMES),
                 GraphCache::new(1, GRAPH_WARMUP_FRAMES),
+                GraphCache::new(1, GRAPH_WARMUP_FRAMES),
             ],
             arena,
             statics,
@@ -325,6 +333,7 @@ impl NeuralGpu {
             device_name,
             output_halves: Vec::new(),
             input_halves: Vec::new(),
+            frame_attached: false,
         })
     }
 
@@ -335,6 +344,49 @@ impl NeuralGpu {
     /// The program (arena plan, launches, static bytes).
     pub fn program(&self) -> &Program {
         &self.program
+    }
+
+    /// Points the launches that gather the input from the frame's NV12 planes
+    /// (`Program::frame_fields`) at the frame path's `NfFrame` block `frame` (its NV12 input,
+    /// sizes and conversion); nothing to do for a network with an input tensor.
+    pub fn attach_frame(&mut self, frame: u64) -> Result<(), CudaError> {
+        if !self.program.frame_fed() {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        for &field in &self.program.frame_fields {
+            // SAFETY: each field is a u64 of a parameter block in the static block; the
+            // synchronisation below ends the copies before `frame` goes out of scope, and no
+            // launch reads the blocks meanwhile (they run on this stream, after it).
+            unsafe {
+                copy_h2d(
+                    self.stream.cu_stream(),
+                    (&frame as *const u64).cast(),
+                    field,
+                    std::mem::size_of::<u64>(),
+                )
+                .map_err(driver("frame source upload"))?;
+            }
+        }
+        self.stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))?;
+        self.frame_attached = frame != 0;
+        Ok(())
+    }
+
+    /// A network gathering its input from a frame path that is not attached cannot run.
+    fn check_frame(&self) -> Result<(), CudaError> {
+        if self.program.frame_fed() && !self.frame_attached {
+            return Err(CudaError::Failed(
+                "this network gathers its input from the frame path's NV12 frame, and no \
+                 frame path is attached"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     pub fn launches_per_frame(&self) -> u32 {
@@ -396,6 +448,13 @@ impl NeuralGpu {
     }
 
     fn upload_input(&mut self, input: &Tensor<f32>) -> Result<(), CudaError> {
+        if self.program.frame_fed() {
+            return Err(CudaError::Failed(
+                "this network gathers its input from the frame path's NV12 frame: it runs on \
+                 device frames only"
+                    .into(),
+            ));
+        }
         let p = self.program.input;
         if input.data.len() as u64 != p.elements {
             return Err(CudaError::Failed(format!(
@@ -596,15 +655,40 @@ impl NeuralGpu {
         input_read: &CudaEvent,
         gate: OutputGate<'_>,
     ) -> Result<bool, CudaError> {
+        self.check_frame()?;
         let before = io.launches_before();
         let after = io.launches() - before;
         let input = self.run_graph(GraphPart::Input, 2, before, |gpu| io.before(&gpu.stream))?;
+        // the input planes are read until the input kernels ran, or, where the network
+        // gathers its input from them, until its last launch that does (then the network
+        // runs as two graphs)
+        let (n, reading) = (
+            self.program.launches.len(),
+            self.program.frame_reading_launches(),
+        );
+        let head = if reading > 0 {
+            self.run_graph(GraphPart::Frame, 3, reading as u32, |gpu| {
+                gpu.enqueue_range(0, reading)
+            })?
+        } else {
+            true
+        };
         input_read
             .record(&self.stream)
             .map_err(driver("cuEventRecord"))?;
-        let network = self.run_graph(GraphPart::Frame, 3, self.launches_per_frame(), |gpu| {
-            gpu.enqueue_range(0, gpu.program.launches.len())
-        })?;
+        let part = if reading > 0 {
+            GraphPart::FrameTail
+        } else {
+            GraphPart::Frame
+        };
+        let tail = if reading < n {
+            self.run_graph(part, 3, (n - reading) as u32, |gpu| {
+                gpu.enqueue_range(reading, n)
+            })?
+        } else {
+            true
+        };
+        let network = head && tail;
         gate.before_wait
             .record(&self.stream)
             .map_err(driver("cuEventRecord"))?;
@@ -639,6 +723,7 @@ impl NeuralGpu {
         key: u32,
         io: Option<&dyn DeviceFrameIo>,
     ) -> Result<bool, CudaError> {
+        self.check_frame()?;
         let launches = self.launches_per_frame() + io.map_or(0, |io| io.launches());
         self.run_graph(GraphPart::Frame, key, launches, |gpu| gpu.enqueue_frame(io))
     }
@@ -648,6 +733,7 @@ impl NeuralGpu {
             GraphPart::Frame => &mut self.cache,
             GraphPart::Input => &mut self.part_caches[0],
             GraphPart::Output => &mut self.part_caches[1],
+            GraphPart::FrameTail => &mut self.part_caches[2],
         }
     }
 
@@ -941,16 +1027,22 @@ pub const RECOMPUTE_MIN_SAVING_PERMILLE: u64 = 100;
 
 /// `spec` with its stem computed again for its last reader ([`Specialised::recomputed_stem`])
 /// where that makes the fp16 program's arena at least [`RECOMPUTE_MIN_SAVING_PERMILLE`]
-/// smaller (the stem runs twice: worth it for the Hayao-class layout's 32-channel skip, not
-/// for the tiny one's 16), with the two arenas' bytes (before, after). `None`: keep `spec`
-/// (also when `TOONFLOW_NEURAL_RECOMPUTE=0`, or when either program cannot be built).
-pub fn with_recomputed_stem(spec: &Specialised) -> Option<(Specialised, u64, u64)> {
+/// smaller, with the two arenas' bytes (before, after). `frame_input`: the program gathers its
+/// input from the frame path's NV12 frame where it can (`Storage::frame_input`), so that the
+/// copy reads the frame, not an input tensor kept alive for it (the tiny layout's 16-channel
+/// stem pays only then; the Hayao-class layout's 32-channel one either way). `None`: keep
+/// `spec` (also when `TOONFLOW_NEURAL_RECOMPUTE=0`, or when either program cannot be built).
+pub fn with_recomputed_stem(
+    spec: &Specialised,
+    frame_input: bool,
+) -> Option<(Specialised, u64, u64)> {
     if std::env::var("TOONFLOW_NEURAL_RECOMPUTE").is_ok_and(|v| v == "0") {
         return None;
     }
     let recomputed = spec.recomputed_stem()?;
     let arena = |s: &Specialised| {
-        program::build(s, &uniform_storage(s, true), 0, 0)
+        let storage = uniform_storage(s, true).with_frame_input(frame_input);
+        program::build(s, &storage, 0, 0)
             .ok()
             .map(|p| p.arena.arena_bytes)
     };

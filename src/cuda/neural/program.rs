@@ -141,6 +141,11 @@ pub struct NnConv {
     /// per-channel affine chain folded into the gather (`prologue_chain`): each gathered value
     /// is x's, taken through the chain as `nn_eltwise` would, then rounded to fp16; or 0.
     pub pre: u64,
+    /// Tap-packed path, a 3-channel fp16 network input: the frame path's `NfFrame`; the gather
+    /// reads the input's values from its NV12 planes (`nf_pixel_rgb`, the conversion's own
+    /// arithmetic) instead of `x`. 0: read `x`. Set when the frame path attaches
+    /// (`Program::frame_fields`).
+    pub frame: u64,
     /// Tensor-core path: cin rounded up to 16, output channel tiles of 8.
     pub cin_pad: i32,
     pub n_tiles: i32,
@@ -455,6 +460,8 @@ pub fn header() -> String {
             NnResize::c_declaration(),
             NnSoftmax::c_declaration(),
             NnRange::c_declaration(),
+            // the frame path's block, which the stem's NV12 gather reads (NnConv::frame)
+            crate::cuda::neural_frame::NfFrame::c_declaration(),
         ],
     )
 }
@@ -887,6 +894,11 @@ pub struct Storage {
     /// halves, x = fp16(x) + fp16(x - fp16(x)), good to 22 bits instead of 11, where it would
     /// otherwise run on CUDA cores (`NnConv::x_f32` 2). Empty: none.
     pub split: Vec<bool>,
+    /// The network's input is the frame path's NV12 frame (`DeviceFrames`, model-scale 1):
+    /// where every reader of the input is a tap-packed stem, it gathers the values from the
+    /// NV12 planes itself and the input tensor is neither planned nor written
+    /// (`Program::frame_fields`). `TOONFLOW_NEURAL_NV12_STEM=0` turns it off.
+    pub frame_input: bool,
 }
 
 impl Storage {
@@ -896,6 +908,16 @@ impl Storage {
             tensor_cores: tensor_cores_default(),
             fusions: Fusions::from_env(),
             split: Vec::new(),
+            frame_input: false,
+        }
+    }
+
+    /// This storage with the input from the frame path's NV12 frame where `on` (and
+    /// `TOONFLOW_NEURAL_NV12_STEM` is not 0).
+    pub fn with_frame_input(self, on: bool) -> Self {
+        Storage {
+            frame_input: on && switch("TOONFLOW_NEURAL_NV12_STEM", true),
+            ..self
         }
     }
 
@@ -916,6 +938,7 @@ impl Storage {
                     split && d.precision == StoragePrecision::Fp32 && d.reason == Reason::Variance
                 })
                 .collect(),
+            frame_input: false,
         }
     }
 
@@ -952,9 +975,32 @@ pub struct Program {
     /// of the Gram launch that runs each, and the chain as a launch of its own, for a run that
     /// changes the statistics after that launch (`NeuralGpu::run_with_hook`).
     pub stat_chains: Vec<(usize, Launch)>,
+    /// Where the input comes from the frame path's NV12 frame (`Storage::frame_input`): the
+    /// static-block addresses of the `NnConv::frame` fields of the launches that gather it
+    /// (the stem, and its recomputed copy), to be pointed at the frame path's `NfFrame`
+    /// before they run; the input (`input`, address 0) is not planned. Empty: the input is a
+    /// tensor in the arena.
+    pub frame_fields: Vec<u64>,
+    /// The launches that read the network's input (convolutions gathering it).
+    pub input_launches: Vec<usize>,
 }
 
 impl Program {
+    /// Whether the input comes from the frame path's NV12 frame ([`Program::frame_fields`]).
+    pub fn frame_fed(&self) -> bool {
+        !self.frame_fields.is_empty()
+    }
+
+    /// The launches up to the last that reads the frame's NV12 planes (0: none): the frame
+    /// path may overwrite the planes once they ran.
+    pub fn frame_reading_launches(&self) -> usize {
+        let last = self.frame_fields.iter().filter_map(|&field| {
+            let params = field - std::mem::offset_of!(NnConv, frame) as u64;
+            self.launches.iter().position(|l| l.params == params)
+        });
+        last.max().map_or(0, |i| i + 1)
+    }
+
     /// The stages of the chains a Gram launch computes (`stat_chains`).
     pub fn stat_chain_stages(&self) -> Vec<usize> {
         self.stat_chains.iter().map(|c| c.1.stage).collect()
@@ -2113,8 +2159,10 @@ fn affine_chain_along(p: &NnEltwise, operands: usize, axes: &[usize]) -> Option<
     cur.then_some((x, n_ops))
 }
 
-/// Row bands a banded convolution runs in, at most.
+/// Row bands a banded convolution runs in, at most: `BANDS`, or twice as many where the lag
+/// rows sit at the arena's peak and the smaller lag shrinks it (`BAND_COUNTS`, tried in order).
 pub const BANDS: usize = 6;
+pub const BAND_COUNTS: [usize; 2] = [BANDS, 2 * BANDS];
 
 /// A stride-1 tensor-core convolution whose channels-last input dies at it, run as `count`
 /// launches of `rows` output rows each, bottom to top, writing its output over its input's
@@ -2138,9 +2186,14 @@ struct Band {
 /// reads. Band k writes output rows [k·rows, (k+1)·rows) over input rows [k·rows + lag,
 /// (k+1)·rows + lag), all below what band k and the bands above it read (up to
 /// (k+1)·rows + reach); the bands run bottom first.
-pub fn band_geometry(height: usize, kh: usize, dh: usize) -> Option<(usize, usize, usize)> {
+pub fn band_geometry(
+    height: usize,
+    kh: usize,
+    dh: usize,
+    bands: usize,
+) -> Option<(usize, usize, usize)> {
     let reach = (kh.max(1) - 1) * dh;
-    let rows = height.div_ceil(BANDS).div_ceil(TC_ROWS as usize) * TC_ROWS as usize;
+    let rows = height.div_ceil(bands.max(1)).div_ceil(TC_ROWS as usize) * TC_ROWS as usize;
     let count = height.div_ceil(rows.max(1));
     (count > 1 && rows > reach).then_some((rows, count, rows + reach))
 }
@@ -2182,28 +2235,78 @@ fn band_candidates(
         if cx != cy || xs != ys || xs.len() != 4 || dh < 1 {
             continue;
         }
-        let Some((rows, count, lag)) = band_geometry(xs[2], kh, dh as usize) else {
-            continue;
-        };
-        out.push(Band {
-            stage: i,
-            x: x.clone(),
-            y: y.clone(),
-            rows: rows as u32,
-            count: count as u32,
-            // fp16, channels-last: a row is W x C halves
-            lag_bytes: (lag * xs[3] * xs[1] * 2) as u64,
-        });
+        // each stage's band counts in turn (the same geometry twice only once)
+        let mut seen = Vec::new();
+        for bands in BAND_COUNTS {
+            let Some((rows, count, lag)) = band_geometry(xs[2], kh, dh as usize, bands) else {
+                continue;
+            };
+            if seen.contains(&count) {
+                continue;
+            }
+            seen.push(count);
+            out.push(Band {
+                stage: i,
+                x: x.clone(),
+                y: y.clone(),
+                rows: rows as u32,
+                count: count as u32,
+                // fp16, channels-last: a row is W x C halves
+                lag_bytes: (lag * xs[3] * xs[1] * 2) as u64,
+            });
+        }
     }
     out
 }
 
+/// `NnConv::frame` of a launch that is to read the frame path's NV12 frame, until `build`
+/// records the field (`Program::frame_fields`) and clears it.
+const FRAME_PENDING: u64 = 1;
+
 /// Builds the program of `spec` with `storage`, at the given bases (0, 0 to size it).
+/// With `Storage::frame_input`, the input comes from the frame path's NV12 frame where every
+/// launch reading it is a tap-packed convolution of the 3-channel fp16 input (the stem):
+/// decided on the program built without it, so that the choice of kernels stays the plan's.
 pub fn build(
     spec: &Specialised,
     storage: &Storage,
     arena_base: u64,
     static_base: u64,
+) -> Result<Program, NeuralError> {
+    let plain = build_program(spec, storage, arena_base, static_base, false)?;
+    if !storage.frame_input || !stem_reads_the_input(&plain, static_base) {
+        return Ok(plain);
+    }
+    let fed = build_program(spec, storage, arena_base, static_base, true)?;
+    Ok(if fed.frame_fed() { fed } else { plain })
+}
+
+/// Whether every launch that reads `p`'s input is a tap-packed convolution of a 3-channel
+/// fp16 input (the narrow staging the NV12 gather fills), and there is one. (An fp16 input is
+/// read by tensor-core convolutions only: `half_input`.)
+fn stem_reads_the_input(p: &Program, static_base: u64) -> bool {
+    p.input.half
+        && !p.input_launches.is_empty()
+        && p.input_launches.iter().all(|&i| {
+            let l = &p.launches[i];
+            let at = (l.params - static_base) as usize;
+            let c: NnConv = bytemuck::pod_read_unaligned(
+                &p.static_init[at..at + std::mem::size_of::<NnConv>()],
+            );
+            matches!(
+                l.kernel,
+                Kernel::ConvMma(_, _, MmaGather::TapPacked | MmaGather::TapPacked7x7)
+            ) && c.cin == 3
+                && c.x_f32 == 0
+        })
+}
+
+fn build_program(
+    spec: &Specialised,
+    storage: &Storage,
+    arena_base: u64,
+    static_base: u64,
+    frame_fed: bool,
 ) -> Result<Program, NeuralError> {
     let l = spec.lowered();
     let n_stages = l.stages.len();
@@ -2317,13 +2420,17 @@ pub fn build(
     // the buffer requests, with the banded convolutions' outputs sharing their inputs'
     // buffers (`Band`); (requests, the request of each stored value)
     let plan_requests = |bands: &[Band]| {
-        let mut requests = vec![BufferRequest {
-            name: l.input.clone(),
-            bytes: bytes_of(&l.input),
-            first: 0,
-            last: last(&l.input, 0),
-            grow: None,
-        }];
+        // (an input gathered from the frame's NV12 planes takes no buffer)
+        let mut requests = Vec::new();
+        if !frame_fed {
+            requests.push(BufferRequest {
+                name: l.input.clone(),
+                bytes: bytes_of(&l.input),
+                first: 0,
+                last: last(&l.input, 0),
+                grow: None,
+            });
+        }
         let mut request_of: HashMap<&str, usize> = HashMap::new();
         for (i, s) in l.stages.iter().enumerate() {
             for o in &s.outputs {
@@ -2386,15 +2493,25 @@ pub fn build(
     // layout kept is the last one that shrank it
     let mut bands: Vec<Band> = Vec::new();
     let mut kept = layout(&bands);
+    // (a stage's second count replaces its first where that shrinks the arena further)
     for band in band_candidates(l, &channels_last, &last, &stored) {
         let buffer = |v: &str| kept.2.get(v).copied();
-        if bands.iter().any(|b| buffer(&b.x) == buffer(&band.x)) {
+        let same = bands.iter().position(|b| b.stage == band.stage);
+        if same.is_none() && bands.iter().any(|b| buffer(&b.x) == buffer(&band.x)) {
             continue;
         }
-        bands.push(band);
+        let replaced = match same {
+            Some(k) => Some((k, std::mem::replace(&mut bands[k], band))),
+            None => {
+                bands.push(band);
+                None
+            }
+        };
         let candidate = layout(&bands);
         if candidate.0.arena_bytes < kept.0.arena_bytes {
             kept = candidate;
+        } else if let Some((k, previous)) = replaced {
+            bands[k] = previous;
         } else {
             bands.pop();
         }
@@ -2409,6 +2526,18 @@ pub fn build(
                 half: half_of.get(&b.name) == Some(&true),
                 elements: elements(&b.name),
                 channels_last: channels_last.get(&b.name).copied(),
+            },
+        );
+    }
+    if frame_fed {
+        // read by no kernel: the gathers that would read it take the frame instead
+        places.insert(
+            l.input.clone(),
+            Place {
+                addr: 0,
+                half: half_of.get(&l.input) == Some(&true),
+                elements: elements(&l.input),
+                channels_last: None,
             },
         );
     }
@@ -2597,6 +2726,11 @@ pub fn build(
                 let xs = l.shapes.get(x_name).cloned().unwrap_or_default();
                 // a folded stage before it: its input read through the Resize's taps, or the
                 // network's NHWC input read by strides
+                let reads_input = match folds.input.get(&i) {
+                    Some(&(r, Gather::Nhwc)) => l.stages[r].nodes[0].input[0] == l.input,
+                    Some(_) => false,
+                    None => *x_name == l.input,
+                };
                 let (x, resize, nhwc) = match folds.input.get(&i) {
                     Some(&(r, Gather::Resize)) => {
                         let rn = &l.stages[r].nodes[0];
@@ -2853,6 +2987,8 @@ pub fn build(
                     rs_taps: resize.as_ref().map_or(0, |r| r.0),
                     res: res.map_or(0, |r| r.addr),
                     pre: 0,
+                    // marks a reader of the input until the launches are placed
+                    frame: if reads_input { FRAME_PENDING } else { 0 },
                     cin_pad: cin_pad as i32,
                     n_tiles: n_tiles as i32,
                     cin: cin as i32,
@@ -3587,8 +3723,20 @@ pub fn build(
         gram.1 = bytemuck::bytes_of(&g).to_vec();
     }
     let mut launches = Vec::with_capacity(blocks.len());
-    for (kernel, bytes, grid, block, stage) in blocks {
+    let (mut frame_fields, mut input_launches) = (Vec::new(), Vec::new());
+    for (kernel, mut bytes, grid, block, stage) in blocks {
+        if let Kernel::ConvMma(..) | Kernel::Conv(..) = kernel {
+            let mut p: NnConv = bytemuck::pod_read_unaligned(&bytes);
+            if p.frame == FRAME_PENDING {
+                p.frame = 0;
+                bytes = bytemuck::bytes_of(&p).to_vec();
+                input_launches.push(launches.len());
+            }
+        }
         let params = st.put(&bytes);
+        if frame_fed && input_launches.last() == Some(&launches.len()) {
+            frame_fields.push(params + std::mem::offset_of!(NnConv, frame) as u64);
+        }
         let shared = match kernel {
             Kernel::ConvMma(_, nt, gather) => {
                 let p: NnConv = bytemuck::pod_read_unaligned(&bytes);
@@ -3646,6 +3794,8 @@ pub fn build(
         control,
         stats,
         weight_bytes,
+        frame_fields,
+        input_launches,
     })
 }
 
@@ -4101,34 +4251,40 @@ mod tests {
         };
         for height in [16usize, 80, 192, 544, 1088, 2176, 1081] {
             for (kh, dh) in [(1usize, 1usize), (3, 1), (3, 2), (7, 1)] {
-                let Some((rows, count, lag)) = band_geometry(height, kh, dh) else {
-                    assert!(height <= 16, "{height} {kh} {dh}: no bands");
-                    continue;
-                };
-                assert!(count > 1 && count <= BANDS && rows * count >= height);
-                assert!(rows * (count - 1) < height, "an empty band");
-                let reach = (kh - 1) * dh;
-                // any top pad from 0 to the kernel's reach keeps the size
-                for pad_top in 0..=reach {
-                    let mut buffer = vec![Row::Free; height + lag];
-                    for (r, slot) in buffer.iter_mut().enumerate().take(height) {
-                        *slot = Row::In(r);
-                    }
-                    for k in (0..count).rev() {
-                        let (s, e) = (k * rows, ((k + 1) * rows).min(height));
-                        for o in s..e {
-                            for t in 0..kh {
-                                let r = o as i64 - pad_top as i64 + (t * dh) as i64;
-                                let r = reflect(r, height as i64);
-                                assert_eq!(buffer[r], Row::In(r), "{height} {kh} {dh} band {k}");
+                for bands in BAND_COUNTS {
+                    let Some((rows, count, lag)) = band_geometry(height, kh, dh, bands) else {
+                        assert!(height <= 16 * bands / BANDS, "{height} {kh} {dh}: no bands");
+                        continue;
+                    };
+                    assert!(count > 1 && count <= bands && rows * count >= height);
+                    assert!(rows * (count - 1) < height, "an empty band");
+                    let reach = (kh - 1) * dh;
+                    // any top pad from 0 to the kernel's reach keeps the size
+                    for pad_top in 0..=reach {
+                        let mut buffer = vec![Row::Free; height + lag];
+                        for (r, slot) in buffer.iter_mut().enumerate().take(height) {
+                            *slot = Row::In(r);
+                        }
+                        for k in (0..count).rev() {
+                            let (s, e) = (k * rows, ((k + 1) * rows).min(height));
+                            for o in s..e {
+                                for t in 0..kh {
+                                    let r = o as i64 - pad_top as i64 + (t * dh) as i64;
+                                    let r = reflect(r, height as i64);
+                                    assert_eq!(
+                                        buffer[r],
+                                        Row::In(r),
+                                        "{height} {kh} {dh} band {k}"
+                                    );
+                                }
+                            }
+                            for o in s..e {
+                                buffer[o + lag] = Row::Out(o);
                             }
                         }
-                        for o in s..e {
-                            buffer[o + lag] = Row::Out(o);
+                        for (r, slot) in buffer[lag..].iter().enumerate() {
+                            assert_eq!(*slot, Row::Out(r));
                         }
-                    }
-                    for (r, slot) in buffer[lag..].iter().enumerate() {
-                        assert_eq!(*slot, Row::Out(r));
                     }
                 }
             }
