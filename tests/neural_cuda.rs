@@ -1886,7 +1886,8 @@ fn the_element_runs_the_network_on_the_gpu() {
         // At model-scale 1 the frame kernels (NV12 in, scene gate, output filter) run on the
         // device beside the network. fp32 launches every stage; fp16 on tensor cores (sm_80+)
         // folds Resizes, layout Transposes and residual Adds into convolutions (the exact
-        // folds are checked on the program in the tests above).
+        // folds are checked on the program in the tests above). (Where an fp16 stem gathers
+        // the NV12 frame, the frame path has one kernel fewer: the bound below holds too.)
         let frame_kernels = gsttoonflow::cuda::neural_frame::LAUNCHES_UNSCALED;
         let network = launches - frame_kernels;
         if precision == "fp32" {

@@ -5,7 +5,9 @@
 //! A frame runs as three graphs on the network's stream: the input kernels (thumbnail, scene
 //! gate, NV12 → the network's input), the network, the output kernels (filter → NV12). Its
 //! upload runs on an upload stream straight into the frame path's input planes once the
-//! previous frame's input kernels have read them, and its download on a download stream from
+//! previous frame's input kernels have read them (where the network's stem gathers its input
+//! from the planes, once the last launch doing so ran: a stem recomputed for its last reader
+//! keeps them until late in the network), and its download on a download stream from
 //! the output planes once its output kernels are done; the next frame's output kernels wait
 //! for that download. So both copies overlap the next frame's network, with no landing slot
 //! (unlike the classic pipeline's path, `overlap.rs`). The scene verdict comes back on the
@@ -162,7 +164,8 @@ impl NeuralOverlap {
             .next_free()
             .ok_or_else(|| CudaError::Failed("no free host slot after a wait".into()))?;
         let (s, up, down) = (gpu.stream().clone(), self.up.clone(), self.down.clone());
-        // The input planes are free once the last submitted frame's input kernels read them.
+        // The input planes are free once the last submitted frame's input kernels (or its
+        // network's last launch gathering the planes) read them.
         let prev = self.ring.last_submitted();
         if let Some(prev) = prev {
             up.wait(&self.slots[prev].ev[3])

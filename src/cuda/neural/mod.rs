@@ -645,7 +645,9 @@ impl NeuralGpu {
 
     /// The overlap path: enqueues a device frame's kernels on the stream without copies or
     /// waiting, in three graphs: `io`'s input kernels; after `input_read` is recorded (the
-    /// frame path's input planes may take the next frame from then on) the network; after
+    /// frame path's input planes may take the next frame from then on) the network (where
+    /// it gathers its input from the planes, `input_read` follows its last launch that does:
+    /// the network then runs as two graphs, before and after it); after
     /// the stream waited for `gate.free` (the previous frame's download from the output
     /// planes) `io`'s output kernels. `gate`'s other two events are recorded around that wait,
     /// so the frame's GPU time can leave it out. Returns whether graphs ran.

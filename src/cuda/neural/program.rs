@@ -2278,7 +2278,15 @@ pub fn build(
         return Ok(plain);
     }
     let fed = build_program(spec, storage, arena_base, static_base, true)?;
-    Ok(if fed.frame_fed() { fed } else { plain })
+    // (the same kernels as the plain program's, checked again: a reader of the input that
+    // does not gather the frame would read address 0)
+    Ok(
+        if fed.frame_fed() && stem_reads_the_input(&fed, static_base) {
+            fed
+        } else {
+            plain
+        },
+    )
 }
 
 /// Whether every launch that reads `p`'s input is a tap-packed convolution of a 3-channel
