@@ -16,7 +16,8 @@
 //! (`cuda-eager`, `cuda-graph`, with `--precisions`), at 720p, 1080p and 4K unless `--sizes`
 //! says otherwise. A configuration the element refuses prints its error as the row.
 //! `--model-scale S` runs the network at that model-scale; with `--model` the real-pipeline
-//! modes (nvh264dec, nvh264dec-cuda, ...) feed the neural element too.
+//! modes (nvh264dec, nvh264dec-cuda, ...) feed the neural element too. `--set NAME=VALUE`
+//! (repeatable) sets more properties of the element (e.g. `model-low-memory=true`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -34,7 +35,8 @@ const USAGE: &str = "usage: toonflow-bench [--quick] [--sizes 720p,1080p,1440p,4
 rawvideoparse-only,appsrc-pinned,\
 appsrc-pageable,appsrc-fresh,nvh264dec,nvh264dec-cudadownload,nvh264dec-cuda,nvh264dec-only,\
 nvh264dec-cudadownload-only,nvh264dec-cuda-only,density,host-copies] [--precisions fp16,fp32] [--frames N] [--cpu-frames N] \
-[--reps N] [--json FILE] [--model PATH.onnx] [--model-scale S] [--overlap off,on] [--pace FPS]";
+[--reps N] [--json FILE] [--model PATH.onnx] [--model-scale S] [--overlap off,on] [--pace FPS] \
+[--set NAME=VALUE]...";
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -54,6 +56,8 @@ struct Options {
     overlap: Vec<Option<bool>>,
     /// The appsrc modes push at this rate (a live source) instead of as fast as they can.
     pace: Option<f64>,
+    /// `--set NAME=VALUE`: more properties of the toonflow element, in every mode.
+    set: Vec<String>,
 }
 
 fn parse_size(s: &str) -> Result<(usize, usize, String), String> {
@@ -90,6 +94,7 @@ fn parse_args() -> Result<Options, String> {
         json: None,
         model: None,
         model_scale: None,
+        set: Vec::new(),
         overlap: vec![None],
         pace: None,
     };
@@ -130,6 +135,13 @@ fn parse_args() -> Result<Options, String> {
                 )
             }
             "--precisions" => o.precisions = list(args.next())?,
+            "--set" => {
+                let v = args
+                    .next()
+                    .filter(|v| v.contains('='))
+                    .ok_or("--set NAME=VALUE")?;
+                o.set.push(v)
+            }
             "--pace" => {
                 o.pace = Some(
                     args.next()
@@ -341,15 +353,36 @@ fn run_once(
         .set_state(gst::State::Playing)
         .map_err(|e| format!("cannot start {filter}: {e}"))?;
     let bus = pipeline.bus().unwrap();
-    let frame_duration = gst::ClockTime::from_nseconds(33_333_333);
-    let check_bus = || -> Result<(), String> {
-        while let Some(msg) = bus.pop_filtered(&[gst::MessageType::Error]) {
-            if let gst::MessageView::Error(e) = msg.view() {
-                return Err(format!("{}: {}", e.error(), e.debug().unwrap_or_default()));
+    // An error stops the element's streaming thread while the push below may be blocked on
+    // a full appsrc (block=true): a watcher takes the error off the bus and stops the
+    // pipeline, which unblocks the push, and the run reports the error.
+    let failed: Arc<Mutex<Option<String>>> = Arc::default();
+    let stop_watching = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (bus, failed, stop) = (bus.clone(), failed.clone(), stop_watching.clone());
+        let pipeline = pipeline.downgrade();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Some(msg) = bus.timed_pop_filtered(
+                    gst::ClockTime::from_mseconds(100),
+                    &[gst::MessageType::Error],
+                ) else {
+                    continue;
+                };
+                if let gst::MessageView::Error(e) = msg.view() {
+                    *failed.lock().unwrap() =
+                        Some(format!("{}: {}", e.error(), e.debug().unwrap_or_default()));
+                }
+                if let Some(p) = pipeline.upgrade() {
+                    p.set_state(gst::State::Null).ok();
+                }
+                return;
             }
-        }
-        Ok(())
+        })
     };
+    let failure = || failed.lock().unwrap().clone();
+    let frame_duration = gst::ClockTime::from_nseconds(33_333_333);
+    let check_bus = || -> Result<(), String> { failure().map_or(Ok(()), Err) };
     let wait_for = |n: usize| -> Result<(), String> {
         let (lock, cv) = &*done;
         let mut got = lock.lock().unwrap();
@@ -414,7 +447,10 @@ fn run_once(
     })();
     let _ = src.emit_by_name::<gst::FlowReturn>("end-of-stream", &[]);
     pipeline.set_state(gst::State::Null).ok();
-    result
+    stop_watching.store(true, std::sync::atomic::Ordering::Relaxed);
+    watcher.join().ok();
+    // an error the watcher saw last (a push that returned Flushing because of it)
+    result.map_err(|e| failure().unwrap_or(e))
 }
 
 /// Runs a real-pipeline mode (see real.rs) in the first precision, prints its rows and adds
@@ -757,11 +793,14 @@ fn main() {
         },
         None => None,
     };
-    let model_prop = match (&model, opts.model_scale) {
+    let mut model_prop = match (&model, opts.model_scale) {
         (Some((_, p)), Some(scale)) => format!("{p} model-scale={scale}"),
         (Some((_, p)), None) => p.clone(),
         (None, _) => String::new(),
     };
+    for set in &opts.set {
+        model_prop += &format!(" {set}");
+    }
     println!(
         "toonflow-bench: device: {device}; host: {host} cores; frames of real content (4 photos, plain and noised)"
     );
