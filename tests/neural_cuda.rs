@@ -15,6 +15,7 @@ mod onnx_models;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use cuda_common::assert_same_bits;
 use gst::prelude::*;
 use gsttoonflow::cuda::neural::NeuralGpu;
 use gsttoonflow::cuda::neural::program::{Fusions, Kernel, NnConv, Storage};
@@ -178,18 +179,6 @@ fn run_gpu(g: &mut NeuralGpu, input: &Tensor<f32>) -> Tensor<f32> {
     let mut out = Tensor::zeros(&input.shape);
     g.run(input, &mut out).unwrap();
     out
-}
-
-/// Asserts that two outputs hold the same bits (`what`: the change that must not alter them).
-fn assert_same_bits(a: &Tensor<f32>, b: &Tensor<f32>, what: &str) {
-    assert_eq!(a.shape, b.shape);
-    assert!(
-        a.data
-            .iter()
-            .zip(&b.data)
-            .all(|(x, y)| x.to_bits() == y.to_bits()),
-        "{what} changed the output"
-    );
 }
 
 /// The fp16 tensor-core output of `input` with every fusion, and with `off` instead.

@@ -26,7 +26,9 @@ mod cuda_common;
 #[path = "common/onnx_models.rs"]
 mod onnx_models;
 
-use cuda_common::{Frame, PHOTOS, Rng, cuda_or_skip, load_photo, max_abs_diff_f32};
+use cuda_common::{
+    Frame, PHOTOS, Rng, assert_same_bits, cuda_or_skip, load_photo, max_abs_diff_f32,
+};
 use gst::prelude::*;
 use gsttoonflow::cuda::neural::program::Storage;
 use gsttoonflow::cuda::neural::{DeviceFrameIo, NeuralGpu};
@@ -548,13 +550,7 @@ fn the_stem_gathering_the_nv12_frame_gives_the_conversions_bits() {
                         model.name(),
                         PHOTOS[i]
                     );
-                    let bits =
-                        |t: &Tensor<f32>| t.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert!(
-                        bits(&outs[0].1) == bits(&outs[1].1),
-                        "{label}: the network's output differs (max {:.3e})",
-                        max_abs_diff_f32(&outs[0].1.data, &outs[1].1.data)
-                    );
+                    assert_same_bits(&outs[0].1, &outs[1].1, &format!("{label}: the NV12 gather"));
                     assert!(
                         outs[0].0.data == outs[1].0.data,
                         "{label}: the NV12 frames differ"

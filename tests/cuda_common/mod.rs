@@ -162,6 +162,23 @@ pub fn diff_stats(a: &[u8], b: &[u8]) -> (u8, f64) {
 }
 
 /// max |a−b| over two equally long f32 slices (0 for empty ones).
+/// Asserts that two outputs hold the same bits (`what`: the change that must not alter them).
+pub fn assert_same_bits(
+    a: &gsttoonflow::neural::Tensor<f32>,
+    b: &gsttoonflow::neural::Tensor<f32>,
+    what: &str,
+) {
+    assert_eq!(a.shape, b.shape);
+    assert!(
+        a.data
+            .iter()
+            .zip(&b.data)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "{what} changed the output (max {:.3e})",
+        max_abs_diff_f32(&a.data, &b.data)
+    );
+}
+
 pub fn max_abs_diff_f32(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()

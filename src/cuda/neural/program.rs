@@ -994,11 +994,11 @@ impl Program {
     /// The launches up to the last that reads the frame's NV12 planes (0: none): the frame
     /// path may overwrite the planes once they ran.
     pub fn frame_reading_launches(&self) -> usize {
-        let last = self.frame_fields.iter().filter_map(|&field| {
-            let params = field - std::mem::offset_of!(NnConv, frame) as u64;
-            self.launches.iter().position(|l| l.params == params)
-        });
-        last.max().map_or(0, |i| i + 1)
+        // the frame fields are the input launches' (in launch order) where the program is fed
+        match self.input_launches.last() {
+            Some(&last) if self.frame_fed() => last + 1,
+            _ => 0,
+        }
     }
 
     /// The stages of the chains a Gram launch computes (`stat_chains`).
