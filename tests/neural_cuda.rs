@@ -1022,8 +1022,8 @@ fn the_stem_is_recomputed_where_the_arena_shrinks() {
     use gsttoonflow::cuda::neural::with_recomputed_stem;
     let spec = hayao_class().specialise(1080, 1920).unwrap();
     for frame_input in [false, true] {
-        let (r, before, after) =
-            with_recomputed_stem(&spec, frame_input).expect("hayao_class recomputes its stem");
+        let (r, before, after) = with_recomputed_stem(&spec, frame_input, true)
+            .expect("hayao_class recomputes its stem");
         println!(
             "hayao_class 1920x1080, NV12 gathered {frame_input}: fp16 arena {before} -> {after} \
              B ({} -> {} stages)",
@@ -1038,11 +1038,18 @@ fn the_stem_is_recomputed_where_the_arena_shrinks() {
     for (model, w, h) in tiny {
         let spec = model.specialise(h, w).unwrap();
         assert!(
-            with_recomputed_stem(&spec, false).is_none(),
+            with_recomputed_stem(&spec, false, true).is_none(),
             "{}: the 16-channel stem recomputed beside an input tensor",
             model.name()
         );
-        let (_, before, after) = with_recomputed_stem(&spec, true)
+        // without tensor cores (pre-sm_80) the stem never gathers the frame: the copy would
+        // keep an input tensor alive, as above
+        assert!(
+            with_recomputed_stem(&spec, true, false).is_none(),
+            "{}: the stem recomputed on a device without tensor cores",
+            model.name()
+        );
+        let (_, before, after) = with_recomputed_stem(&spec, true, true)
             .unwrap_or_else(|| panic!("{}: the stem not recomputed", model.name()));
         println!(
             "{} {w}x{h}, NV12 gathered: fp16 arena {before} -> {after} B",
@@ -1107,7 +1114,7 @@ fn the_stem_gathers_the_nv12_frame_where_it_can() {
             fed.launches.len()
         );
         // its recomputed copy reads the frame too, the last reader near the end
-        if let Some((r, _, after)) = with_recomputed_stem(&spec, true) {
+        if let Some((r, _, after)) = with_recomputed_stem(&spec, true, true) {
             let storage = Storage::uniform(r.stage_count(), true).with_frame_input(true);
             let p = build(&r, &storage, 0, 0).unwrap();
             assert_eq!(p.frame_fields.len(), 2, "{}", model.name());

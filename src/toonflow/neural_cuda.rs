@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use crate::cuda::neural::DeviceFrameIo;
 use crate::cuda::neural::program::Storage;
-use crate::cuda::neural::{NeuralGpu, NeuralGpuError, NeuralGpuEvent, with_recomputed_stem};
+use crate::cuda::neural::{
+    NeuralGpu, NeuralGpuError, NeuralGpuEvent, has_tensor_cores, with_recomputed_stem,
+};
 use cudarc::driver::CudaEvent;
 
 use crate::cuda::neural_frame::{DeviceFrames, FilterSettings, input_gatherable, reborrow};
@@ -91,10 +93,13 @@ impl NeuralCuda {
         // planes where its stem can; with `low_memory` its stem copy may read them too, where
         // that shrinks the arena without keeping an input tensor (the tiny layout); the
         // Hayao-class layout's copy pays beside an input tensor already
+        // (the plans compared are the device's: without tensor cores nothing gathers the frame)
         let gathers = fp16 && device_frames_enabled() && input_gatherable(&config);
-        if let Some((network, before, after)) =
-            with_recomputed_stem(&f.network, gathers && low_memory)
-        {
+        if let Some((network, before, after)) = with_recomputed_stem(
+            &f.network,
+            gathers && low_memory,
+            has_tensor_cores(device_id)?,
+        ) {
             log.push(format!(
                 "the stem is computed again for its last reader: fp16 arena {before} -> {after} \
                  bytes"

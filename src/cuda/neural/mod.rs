@@ -238,8 +238,7 @@ impl NeuralGpu {
     ) -> Result<Self, NeuralGpuError> {
         let ctx = context(device_id)?;
         let (device_name, (major, _)) = describe(&ctx)?;
-        // mma.sync m16n8k16 needs sm_80
-        let tensor_cores = storage.tensor_cores && major >= 8;
+        let tensor_cores = storage.tensor_cores && major >= TENSOR_CORE_MAJOR;
         // a double-buffered block takes up to ~60 KiB of shared memory: used where three fit a
         // multiprocessor (`PIPELINE_MIN_SHARED_PER_SM`)
         let shared_per_sm = ctx
@@ -1024,6 +1023,16 @@ pub fn uniform_storage(spec: &Specialised, half: bool) -> Storage {
     Storage::uniform(spec.stage_count(), half)
 }
 
+/// The compute capability the tensor-core kernels need (mma.sync m16n8k16: sm_80).
+const TENSOR_CORE_MAJOR: i32 = 8;
+
+/// Whether CUDA device `device_id` runs the tensor-core kernels.
+pub fn has_tensor_cores(device_id: usize) -> Result<bool, NeuralGpuError> {
+    let ctx = context(device_id)?;
+    let (_, (major, _)) = describe(&ctx)?;
+    Ok(major >= TENSOR_CORE_MAJOR)
+}
+
 /// How much smaller (per thousand) the fp16 arena must get for the stem to be recomputed.
 pub const RECOMPUTE_MIN_SAVING_PERMILLE: u64 = 100;
 
@@ -1032,11 +1041,14 @@ pub const RECOMPUTE_MIN_SAVING_PERMILLE: u64 = 100;
 /// smaller, with the two arenas' bytes (before, after). `frame_input`: the program gathers its
 /// input from the frame path's NV12 frame where it can (`Storage::frame_input`), so that the
 /// copy reads the frame, not an input tensor kept alive for it (the tiny layout's 16-channel
-/// stem pays only then; the Hayao-class layout's 32-channel one either way). `None`: keep
-/// `spec` (also when `TOONFLOW_NEURAL_RECOMPUTE=0`, or when either program cannot be built).
+/// stem pays only then; the Hayao-class layout's 32-channel one either way). `tensor_cores`:
+/// the device runs the tensor-core kernels ([`has_tensor_cores`]; without them the frame is
+/// never gathered and the plan is another). `None`: keep `spec` (also when
+/// `TOONFLOW_NEURAL_RECOMPUTE=0`, or when either program cannot be built).
 pub fn with_recomputed_stem(
     spec: &Specialised,
     frame_input: bool,
+    tensor_cores: bool,
 ) -> Option<(Specialised, u64, u64)> {
     if std::env::var("TOONFLOW_NEURAL_RECOMPUTE").is_ok_and(|v| v == "0") {
         return None;
@@ -1044,6 +1056,10 @@ pub fn with_recomputed_stem(
     let recomputed = spec.recomputed_stem()?;
     let arena = |s: &Specialised| {
         let storage = uniform_storage(s, true).with_frame_input(frame_input);
+        let storage = Storage {
+            tensor_cores: storage.tensor_cores && tensor_cores,
+            ..storage
+        };
         program::build(s, &storage, 0, 0)
             .ok()
             .map(|p| p.arena.arena_bytes)
