@@ -5,7 +5,8 @@
 //! rtmp-relay.sh needs a server and is run by tests/relay.rs.
 //!
 //! Also checks that README.md's property table lists every property of the element with its
-//! type, range, default and whether it can change while playing.
+//! type, range, default and whether it can change while playing, and that its table of
+//! environment variables lists every one the sources read.
 
 mod common;
 
@@ -509,5 +510,55 @@ fn readme_property_table_matches_the_element() {
         "README.md's property table is out of step with the element \
          (TOONFLOW_PRINT_PROPERTY_TABLE=1 prints the table):\n{}",
         wrong.join("\n")
+    );
+}
+
+/// Every `"TOONFLOW_..."` environment variable name in the sources, with the file naming it.
+fn environment_variables_read(dir: &Path, found: &mut Vec<(String, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            environment_variables_read(&path, found);
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (at, _) in text.match_indices("\"TOONFLOW_") {
+            let name: String = text[at + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            if text[at + 1 + name.len()..].starts_with('"') {
+                found.push((name, path.display().to_string()));
+            }
+        }
+    }
+}
+
+/// README.md's table of environment variables lists every one the plugin and its tools read.
+#[test]
+fn readme_lists_every_environment_variable() {
+    let root = repo_root();
+    let mut read = Vec::new();
+    environment_variables_read(&root.join("src"), &mut read);
+    assert!(
+        read.iter().any(|(n, _)| n == "TOONFLOW_KERNEL_CACHE") && read.len() >= 20,
+        "the scan found too few variables: {read:?}"
+    );
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let section = readme
+        .split("### Environment variables")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("README.md has a section \"### Environment variables\"");
+    let missing: Vec<_> = read
+        .iter()
+        .filter(|(name, _)| !section.contains(&format!("`{name}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "environment variables read but not in README.md's table: {missing:?}"
     );
 }
