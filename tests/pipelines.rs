@@ -537,7 +537,20 @@ fn environment_variables_read(dir: &Path, found: &mut Vec<(String, String)>) {
     }
 }
 
-/// README.md's table of environment variables lists every one the plugin and its tools read.
+/// The `TOONFLOW_...` names in `text` right after a backtick (a table cell's code span).
+fn quoted_variables(text: &str) -> Vec<String> {
+    text.match_indices("`TOONFLOW_")
+        .map(|(at, _)| {
+            text[at + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect()
+        })
+        .collect()
+}
+
+/// README.md's table of environment variables and the variables the plugin and toonflow-bench
+/// read (`src/`) are the same set.
 #[test]
 fn readme_lists_every_environment_variable() {
     let root = repo_root();
@@ -553,12 +566,27 @@ fn readme_lists_every_environment_variable() {
         .nth(1)
         .and_then(|rest| rest.split("\n## ").next())
         .expect("README.md has a section \"### Environment variables\"");
+    // the table's first column, whole names only (`TOONFLOW_NEURAL_PIPELINE` must not pass
+    // for being the start of `TOONFLOW_NEURAL_PIPELINE_CL`)
+    let listed: Vec<String> = section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .flat_map(|l| quoted_variables(l.split(" | ").next().unwrap_or("")))
+        .collect();
     let missing: Vec<_> = read
         .iter()
-        .filter(|(name, _)| !section.contains(&format!("`{name}")))
+        .filter(|(name, _)| !listed.contains(name))
         .collect();
     assert!(
         missing.is_empty(),
         "environment variables read but not in README.md's table: {missing:?}"
+    );
+    let stale: Vec<_> = listed
+        .iter()
+        .filter(|name| !read.iter().any(|(n, _)| n == *name))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "README.md's table lists variables nothing in src/ reads: {stale:?}"
     );
 }
