@@ -525,27 +525,34 @@ fn environment_variables_read(dir: &Path, found: &mut Vec<(String, String)>) {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
-        for (at, _) in text.match_indices("\"TOONFLOW_") {
-            let name: String = text[at + 1..]
-                .chars()
-                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
-                .collect();
-            if text[at + 1 + name.len()..].starts_with('"') {
+        for (name, end) in variable_names_after(&text, '"') {
+            if text[end..].starts_with('"') {
                 found.push((name, path.display().to_string()));
             }
         }
     }
 }
 
-/// The `TOONFLOW_...` names in `text` right after a backtick (a table cell's code span).
-fn quoted_variables(text: &str) -> Vec<String> {
-    text.match_indices("`TOONFLOW_")
+/// Every `TOONFLOW_...` name in `text` right after `quote`, with the index just past it.
+fn variable_names_after(text: &str, quote: char) -> Vec<(String, usize)> {
+    text.match_indices(&format!("{quote}TOONFLOW_"))
         .map(|(at, _)| {
-            text[at + 1..]
+            let start = at + quote.len_utf8();
+            let name: String = text[start..]
                 .chars()
                 .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
-                .collect()
+                .collect();
+            let end = start + name.len();
+            (name, end)
         })
+        .collect()
+}
+
+/// The `TOONFLOW_...` names in `text` right after a backtick (a table cell's code span).
+fn quoted_variables(text: &str) -> Vec<String> {
+    variable_names_after(text, '`')
+        .into_iter()
+        .map(|(name, _)| name)
         .collect()
 }
 
