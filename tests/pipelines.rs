@@ -548,14 +548,6 @@ fn variable_names_after(text: &str, quote: char) -> Vec<(String, usize)> {
         .collect()
 }
 
-/// The `TOONFLOW_...` names in `text` right after a backtick (a table cell's code span).
-fn quoted_variables(text: &str) -> Vec<String> {
-    variable_names_after(text, '`')
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect()
-}
-
 /// README.md's table of environment variables and the variables the plugin and toonflow-bench
 /// read (`src/`) are the same set.
 #[test]
@@ -578,7 +570,8 @@ fn readme_lists_every_environment_variable() {
     let listed: Vec<String> = section
         .lines()
         .filter(|l| l.starts_with("| `"))
-        .flat_map(|l| quoted_variables(l.split(" | ").next().unwrap_or("")))
+        .flat_map(|l| variable_names_after(l.split(" | ").next().unwrap_or(""), '`'))
+        .map(|(name, _)| name)
         .collect();
     let missing: Vec<_> = read
         .iter()
