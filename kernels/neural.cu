@@ -505,6 +505,13 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
     // the network's input straight from the frame's NV12 planes (NnConv::frame; 3 channels,
     // so the narrow slots): the value nf_nv12_to_tensor would have stored in fp16
     const NfFrame* __restrict__ frame = (const NfFrame*)p->frame;
+    NfRgbConstants k = {};
+    int scaled_w = 0, scaled_h = 0;
+    if (frame) {
+        k = nf_rgb_constants(frame);
+        scaled_w = frame->scaled_w;
+        scaled_h = frame->scaled_h;
+    }
     for (int se = threadIdx.x; se < rows * scols; se += blockDim.x) {
         // a fixed shape's separable table (nn_tc_axis_source), else the full one
         const int2 at = axis_source ? nn_tc_combine(axis_source[se / scols], axis_source[rows + se % scols])
@@ -515,10 +522,10 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
             if (at.x >= 0) {
                 // the input's reflect padding to the network's size, as the conversion pads
                 float rgb[3];
-                nf_pixel_rgb(frame, nf_reflect(at.y, frame->scaled_w), nf_reflect(at.x, frame->scaled_h), rgb);
+                nf_pixel_rgb_with(k, nf_reflect(at.y, scaled_w), nf_reflect(at.x, scaled_h), rgb);
 #pragma unroll
                 for (int c = 0; c < 3; c++)
-                    h[c] = float_to_half_bits(nf_input_value(frame, rgb[c]));
+                    h[c] = float_to_half_bits(nf_input_value_with(k, rgb[c]));
             } else if (at.x != -1) { // the Pad's fill (-1: zero padding)
                 h[0] = h[1] = h[2] = fill_bits;
             }

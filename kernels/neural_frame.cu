@@ -111,7 +111,7 @@ extern "C" __global__ void nf_scene(const NfFrame* p)
     }
 }
 
-// nf_reflect, nf_chroma and nf_pixel_rgb (NV12 -> nominal RGB): kernels/nv12.cuh, shared with
+// nf_reflect, nf_chroma and nf_pixel_rgb_with (NV12 -> nominal RGB): kernels/nv12.cuh, shared with
 // the stem's NV12 gather in neural.cu.
 
 // Whether the network runs at another size than the frame (model-scale below 1).
@@ -154,11 +154,12 @@ extern "C" __global__ void nf_nv12_to_tensor(const NfFrame* p)
         return;
     const int sx = nf_reflect(px, p->scaled_w), sy = nf_reflect(py, p->scaled_h);
     float rgb[3];
+    const NfRgbConstants k = nf_rgb_constants(p);
     if (nf_scaled(p))
         nf_resample((const NfTaps*)p->down_x, (const NfTaps*)p->down_y, sx, sy,
-                    [p](int x, int y, float v[3]) { nf_pixel_rgb(p, x, y, v); }, rgb);
+                    [&k](int x, int y, float v[3]) { nf_pixel_rgb_with(k, x, y, v); }, rgb);
     else
-        nf_pixel_rgb(p, sx, sy, rgb);
+        nf_pixel_rgb_with(k, sx, sy, rgb);
     const long long plane = (long long)p->net_w * p->net_h;
     const long long at = (long long)py * p->net_w + px;
     for (int c = 0; c < 3; c++) {
