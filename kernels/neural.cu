@@ -598,6 +598,11 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // time (NnConv::rs_patch): a separate kernel, so that the 3x3 layers without a Resize keep
 // their registers.
 #define NN_GATHER_CL_3X3_RS 7
+// NN_GATHER_CL_3X3 (single-buffered, one or two channel tiles) with NN_TC_ROWS_W2 output rows a
+// warp: the tile's halo rows are gathered once for twice the outputs and each tile row's A
+// fragments serve both rows (nn_tc_taps_rows). The full-resolution 16-channel layers are bound
+// by the instructions of their gathers (ncu, H100), not by the tensor cores.
+#define NN_GATHER_CL_3X3_W2 8
 
 // The affine part of an elementwise chain (defined with nn_eltwise below): a folded prologue
 // chain (NnConv::pre) takes each gathered value through it.
@@ -644,6 +649,8 @@ template <>
 struct NnFixedShape<NN_GATHER_CL_3X3_S2> : NnShape<3, 3, 1, 1, 2> {};
 template <>
 struct NnFixedShape<NN_GATHER_CL_3X3_RS> : NnShape<3, 3, 1, 1, 1> {};
+template <>
+struct NnFixedShape<NN_GATHER_CL_3X3_W2> : NnShape<3, 3, 1, 1, 1> {};
 // the paired output convolution is 7x7: 4 virtual taps a row, 2 pixels apart
 template <>
 struct NnFixedShape<NN_GATHER_CL_PAIRED> : NnShape<7, 4, 2, 1, 1> {};
@@ -814,6 +821,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // (nn_tc_taps_rows); the host launches (rows / RPW) warps
     constexpr int RPW = GATHER == NN_GATHER_CL_PAIRED ? NN_TC_PAIRED_ROWS
                         : GATHER == NN_GATHER_TP_7X7  ? NN_TC_STEM_ROWS
+                        : GATHER == NN_GATHER_CL_3X3_W2 ? NN_TC_ROWS_W2
                                                       : 1;
     const int block_rows = (tall ? (int)(blockDim.x >> 5) : NN_TC_ROWS) * RPW;
     // the gathers that read channels-last inputs (nn_tc_fetch_nhwc)
@@ -1239,6 +1247,10 @@ extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_tp(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3p(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3, true>(p); }
+// two rows a warp: twice the accumulators, so six blocks a multiprocessor (85 registers)
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_1_c3w(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3_W2>(p); }
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_2_c3w(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_W2>(p); }
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_2_c3pw(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_W2, true>(p); }
 // (four tiles: launched double-buffered only, NnConv::stages)
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
 // (eight tiles at 128 registers, 4 blocks a multiprocessor: it fits without spills, 142 unbounded)

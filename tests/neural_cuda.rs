@@ -793,8 +793,9 @@ fn tensor_core_chains_store_channels_last() {
                     .count()
             };
             use MmaGather::{
-                ChannelsLast, ChannelsLast3x3, ChannelsLast3x3Residual, ChannelsLast3x3Resize,
-                ChannelsLast3x3S2, ChannelsLastPaired, TapPacked, TapPacked7x7,
+                ChannelsLast, ChannelsLast3x3, ChannelsLast3x3Residual,
+                ChannelsLast3x3ResidualTwoRows, ChannelsLast3x3Resize, ChannelsLast3x3S2,
+                ChannelsLast3x3TwoRows, ChannelsLastPaired, TapPacked, TapPacked7x7,
             };
             let cl_convs = count(&[
                 ChannelsLast,
@@ -802,12 +803,16 @@ fn tensor_core_chains_store_channels_last() {
                 ChannelsLast3x3Resize,
                 ChannelsLast3x3Residual,
                 ChannelsLast3x3S2,
+                ChannelsLast3x3TwoRows,
+                ChannelsLast3x3ResidualTwoRows,
             ]);
             let compiled_3x3 = count(&[
                 ChannelsLast3x3,
                 ChannelsLast3x3Resize,
                 ChannelsLast3x3Residual,
                 ChannelsLast3x3S2,
+                ChannelsLast3x3TwoRows,
+                ChannelsLast3x3ResidualTwoRows,
             ]);
             let packed = count(&[TapPacked, TapPacked7x7]);
             let stem_7x7 = count(&[TapPacked7x7]);
@@ -1956,7 +1961,12 @@ fn residual_pairs_are_planned_for_two_tile_3x3_layers() {
                 .filter(|l| {
                     matches!(
                         l.kernel,
-                        Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3Residual)
+                        Kernel::ConvMma(
+                            true,
+                            2,
+                            MmaGather::ChannelsLast3x3Residual
+                                | MmaGather::ChannelsLast3x3ResidualTwoRows
+                        )
                     )
                 })
                 .count()
@@ -2047,6 +2057,101 @@ fn tall_7x7_blocks_keep_the_bits() {
         ..Fusions::ALL
     };
     fusion_keeps_the_bits_on_photos(short, "tall blocks");
+}
+
+/// The single-buffered 3x3 layers at one or two channel tiles take two output rows a warp
+/// (`Fusions::two_rows`, no GPU needed to plan): on tiny_16 and the real tiny (when here) at
+/// 1920x1088, every such layer (full and half resolution, 16 output channels, through a folded
+/// Resize or not, banded or not) has a grid of eight-row blocks and the shared memory of its
+/// taller tile; bands keep whole blocks; no other launch changes; with the switch off none
+/// does.
+#[test]
+fn single_buffered_3x3_layers_take_two_rows_a_warp() {
+    use gsttoonflow::cuda::neural::program::{
+        MmaGather, TC_ROWS, TC_ROWS_W2, build, conv_shared_bytes_rows,
+    };
+    let mut models = vec![tiny_16()];
+    models.extend(real_tiny());
+    for model in &models {
+        let spec = model.specialise(1088, 1920).unwrap();
+        let plan = |two_rows: bool| {
+            let storage = Storage {
+                fusions: Fusions {
+                    two_rows,
+                    ..Fusions::ALL
+                },
+                ..Storage::uniform(spec.stage_count(), true)
+            };
+            build(&spec, &storage, 0, 0).unwrap()
+        };
+        let (on, off) = (plan(true), plan(false));
+        assert_eq!(on.launches.len(), off.launches.len());
+        let mut two_row_launches = 0;
+        for (a, b) in on.launches.iter().zip(&off.launches) {
+            let one_row = match (a.kernel, b.kernel) {
+                (
+                    Kernel::ConvMma(_, nt, MmaGather::ChannelsLast3x3TwoRows),
+                    Kernel::ConvMma(_, nb, MmaGather::ChannelsLast3x3),
+                ) => nt == nb,
+                (
+                    Kernel::ConvMma(_, nt, MmaGather::ChannelsLast3x3ResidualTwoRows),
+                    Kernel::ConvMma(_, nb, MmaGather::ChannelsLast3x3Residual),
+                ) => nt == nb,
+                _ => {
+                    assert_eq!(a.kernel, b.kernel);
+                    assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
+                    false
+                }
+            };
+            if !one_row {
+                continue;
+            }
+            two_row_launches += 1;
+            let Kernel::ConvMma(_, nt, gather) = a.kernel else {
+                unreachable!()
+            };
+            let c: gsttoonflow::cuda::neural::program::NnConv = params(&on, a);
+            let rows = TC_ROWS * TC_ROWS_W2;
+            assert_eq!(c.stages, 1, "{}: {:?}", model.name(), a.kernel);
+            assert_eq!((a.block, a.grid.0), (b.block, b.grid.0));
+            assert_eq!(a.grid.1, b.grid.1.div_ceil(2));
+            assert_eq!(a.shared, conv_shared_bytes_rows(gather, nt, &c, rows));
+            assert!(a.shared > b.shared);
+            // a band's rows are whole blocks of the taller ones
+            assert!(
+                (c.row0 as u32).is_multiple_of(rows),
+                "{}: band at row {}",
+                model.name(),
+                c.row0
+            );
+        }
+        println!(
+            "{} 1920x1088: {two_row_launches} two-row 3x3 launches",
+            model.name()
+        );
+        assert!(two_row_launches >= 4, "{}", model.name());
+        assert!(!off.launches.iter().any(|l| matches!(
+            l.kernel,
+            Kernel::ConvMma(
+                _,
+                _,
+                MmaGather::ChannelsLast3x3TwoRows | MmaGather::ChannelsLast3x3ResidualTwoRows
+            )
+        )));
+    }
+}
+
+/// Two output rows a warp compute each output as one row a warp does, the same taps in the
+/// same order (`nn_tc_taps_rows`): the same bits, on tiny_16 and the real tiny (when here) at
+/// 1920x1088 (its last full-resolution 3x3 in bands) and 640x368.
+#[test]
+fn two_rows_a_warp_keep_the_bits() {
+    need_gpu!();
+    let one_row = Fusions {
+        two_rows: false,
+        ..Fusions::ALL
+    };
+    fusion_keeps_the_bits_on_photos(one_row, "two rows a warp");
 }
 
 /// An fp16 network input (`Fusions::half_input`) is what the stem's gather made of the fp32

@@ -37,6 +37,8 @@ pub const TC_TALL_ROWS: u32 = 8;
 /// (`MmaGather::rows_per_warp`).
 pub const TC_PAIRED_ROWS: u32 = 2;
 pub const TC_STEM_ROWS: u32 = 2;
+/// Output rows a warp of the two-row 3x3 kernels (`MmaGather::ChannelsLast3x3TwoRows`).
+pub const TC_ROWS_W2: u32 = 2;
 pub const TC_COLS: u32 = 32;
 pub const MMA_NT: u32 = 8;
 /// Blocks below which a tensor-core launch splits its output channels over more blocks (about
@@ -411,6 +413,7 @@ pub fn header() -> String {
         Define::int("NN_TC_TALL_ROWS", TC_TALL_ROWS as i64),
         Define::int("NN_TC_PAIRED_ROWS", TC_PAIRED_ROWS as i64),
         Define::int("NN_TC_STEM_ROWS", TC_STEM_ROWS as i64),
+        Define::int("NN_TC_ROWS_W2", TC_ROWS_W2 as i64),
         Define::int("NN_TC_COLS", TC_COLS as i64),
         Define::int("NN_EW_VEC", EW_VEC as i64),
         Define::int("NN_GRAM_THREADS", GRAM_THREADS as i64),
@@ -495,6 +498,12 @@ pub enum MmaGather {
     /// a channels-last fp16 output of even channels: the epilogue reads the addend and writes
     /// the sum a channel pair at a time (`fixed_shape_matches`).
     ChannelsLast3x3Residual,
+    /// As `ChannelsLast3x3` single-buffered at one or two channel tiles, `TC_ROWS_W2` output
+    /// rows a warp: the tile's two halo rows are gathered once for eight output rows, not four,
+    /// and each tile row's A fragments serve both of a warp's rows. `Fusions::two_rows`.
+    ChannelsLast3x3TwoRows,
+    /// `ChannelsLast3x3Residual` with `TC_ROWS_W2` output rows a warp.
+    ChannelsLast3x3ResidualTwoRows,
     /// Tap-packed as `TapPacked`, a 7x7 convolution of stride 1 and dilation 1 over at most 4
     /// channels (the stem: 4 taps a virtual tap), its shape compiled in as `ChannelsLast3x3`'s.
     TapPacked7x7,
@@ -508,7 +517,9 @@ impl MmaGather {
             MmaGather::ChannelsLast3x3
             | MmaGather::ChannelsLast3x3S2
             | MmaGather::ChannelsLast3x3Resize
-            | MmaGather::ChannelsLast3x3Residual => 9,
+            | MmaGather::ChannelsLast3x3Residual
+            | MmaGather::ChannelsLast3x3TwoRows
+            | MmaGather::ChannelsLast3x3ResidualTwoRows => 9,
             MmaGather::TapPacked7x7 => 7 * 2,
             MmaGather::ChannelsLastPaired => 7 * 4,
             _ => 0,
@@ -522,6 +533,9 @@ impl MmaGather {
         match self {
             MmaGather::ChannelsLastPaired => TC_PAIRED_ROWS,
             MmaGather::TapPacked7x7 => TC_STEM_ROWS,
+            MmaGather::ChannelsLast3x3TwoRows | MmaGather::ChannelsLast3x3ResidualTwoRows => {
+                TC_ROWS_W2
+            }
             _ => 1,
         }
     }
@@ -558,7 +572,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 46;
+    pub const COUNT: usize = 49;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -598,7 +612,10 @@ impl Kernel {
         all[n + 6] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3);
         all[n + 7] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3Resize);
         all[n + 8] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3Residual);
-        n += 9;
+        all[n + 9] = Kernel::ConvMma(true, 1, MmaGather::ChannelsLast3x3TwoRows);
+        all[n + 10] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3TwoRows);
+        all[n + 11] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3ResidualTwoRows);
+        n += 12;
         let mut t = 0;
         while t < 3 {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked7x7);
@@ -663,6 +680,11 @@ impl Kernel {
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Residual) => "nn_conv_mma_hh_2_c3p",
+            Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_1_c3w",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_2_c3w",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3ResidualTwoRows) => {
+                "nn_conv_mma_hh_2_c3pw"
+            }
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_4_c3r",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_8_c3r",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_1_c3s2",
@@ -814,6 +836,9 @@ pub struct Fusions {
     /// computed by the Gram launch's last block instead of a launch each (`stat_chains`).
     /// `TOONFLOW_NEURAL_STAT_CHAINS=0` turns it off.
     pub stat_chains: bool,
+    /// The single-buffered 3x3 kernels at one or two channel tiles take two output rows a warp
+    /// (`MmaGather::ChannelsLast3x3TwoRows`). `TOONFLOW_NEURAL_TWO_ROWS=0` turns it off.
+    pub two_rows: bool,
 }
 
 impl Fusions {
@@ -832,6 +857,7 @@ impl Fusions {
         tall_7x7: true,
         half_input: true,
         stat_chains: true,
+        two_rows: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -848,6 +874,7 @@ impl Fusions {
         tall_7x7: false,
         half_input: false,
         stat_chains: false,
+        two_rows: false,
     };
 
     /// These fusions with every double-buffered gather single-buffered (a card whose
@@ -878,6 +905,7 @@ impl Fusions {
             tall_7x7: switch("TOONFLOW_NEURAL_TALL", true),
             half_input: switch("TOONFLOW_NEURAL_HALF_INPUT", true),
             stat_chains: switch("TOONFLOW_NEURAL_STAT_CHAINS", true),
+            two_rows: switch("TOONFLOW_NEURAL_TWO_ROWS", true),
         }
     }
 }
@@ -1253,6 +1281,7 @@ fn prologue_chain(
         gather,
         MmaGather::ChannelsLast
             | MmaGather::ChannelsLast3x3
+            | MmaGather::ChannelsLast3x3TwoRows
             | MmaGather::ChannelsLast3x3S2
             | MmaGather::ChannelsLastPaired
     );
@@ -1309,7 +1338,7 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
         MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1) && (nt != 4 || p.stages == 2),
         MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 2,
         // ncu, H100: the real tiny's Resize convolutions at two tiles 177 -> 158 and 70 -> 66 µs
-        MmaGather::ChannelsLast3x3Residual => {
+        MmaGather::ChannelsLast3x3Residual | MmaGather::ChannelsLast3x3ResidualTwoRows => {
             shape == (3, 3, 1, 1, 1, 1, 1)
                 && nt == 2
                 && p.stages == 1
@@ -1317,6 +1346,9 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
                 && p.res_half != 0
                 && p.y_cs == 1
                 && p.cout % 2 == 0
+        }
+        MmaGather::ChannelsLast3x3TwoRows => {
+            shape == (3, 3, 1, 1, 1, 1, 1) && nt <= 2 && p.stages == 1
         }
         MmaGather::ChannelsLast3x3Resize => {
             // the patch sits where a prologue chain's coefficients would: never both; at four
@@ -3151,6 +3183,27 @@ fn build_program(
                         }
                         g => g,
                     };
+                    // two output rows a warp, where a band's rows stay whole blocks of them
+                    let whole_bands = bands
+                        .iter()
+                        .find(|b| b.stage == i)
+                        .is_none_or(|b| b.rows.is_multiple_of(TC_ROWS * TC_ROWS_W2));
+                    let two_rows = match gather {
+                        MmaGather::ChannelsLast3x3 => MmaGather::ChannelsLast3x3TwoRows,
+                        MmaGather::ChannelsLast3x3Residual => {
+                            MmaGather::ChannelsLast3x3ResidualTwoRows
+                        }
+                        g => g,
+                    };
+                    let gather = if storage.fusions.two_rows
+                        && two_rows != gather
+                        && whole_bands
+                        && fixed_shape_matches(two_rows, &p, nt as u8)
+                    {
+                        two_rows
+                    } else {
+                        gather
+                    };
                     let kernel = Kernel::ConvMma(y.half, nt as u8, gather);
                     let gz = (n_tiles as u32).div_ceil(nt);
                     // the affine chain right before it, taken into the gather (the chain's own
@@ -3206,8 +3259,8 @@ fn build_program(
                         }
                         _ => TC_ROWS,
                     };
-                    if count > 1 && per_warp > 1 {
-                        // a band's rows are a multiple of TC_ROWS only: the last block of a band
+                    if count > 1 && !rows.is_multiple_of(warps * per_warp) {
+                        // a band's rows a multiple of TC_ROWS only: the last block of a band
                         // would compute rows of the next one while it reads them
                         return Err(unsupported(
                             i,
