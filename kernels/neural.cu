@@ -1247,7 +1247,8 @@ extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_tp(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3p(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3, true>(p); }
-// two rows a warp: twice the accumulators, so six blocks a multiprocessor (85 registers)
+// two rows a warp: twice the accumulators, so six blocks a multiprocessor (at most 85 registers;
+// ptxas, sm_90: 80, no spills; held to 64 it spills)
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_1_c3w(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3_W2>(p); }
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_2_c3w(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_W2>(p); }
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_2_c3pw(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_W2, true>(p); }

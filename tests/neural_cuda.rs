@@ -2061,10 +2061,10 @@ fn tall_7x7_blocks_keep_the_bits() {
 
 /// The single-buffered 3x3 layers at one or two channel tiles take two output rows a warp
 /// (`Fusions::two_rows`, no GPU needed to plan): on tiny_16 and the real tiny (when here) at
-/// 1920x1088, every such layer (full and half resolution, 16 output channels, through a folded
-/// Resize or not, banded or not) has a grid of eight-row blocks and the shared memory of its
-/// taller tile; bands keep whole blocks; no other launch changes; with the switch off none
-/// does.
+/// 1920x1088 and 640x368, every such layer has a grid of eight-row blocks and the shared memory
+/// of its taller tile (as `conv_shared_bytes_rows` sizes it; the GPU test below checks the
+/// kernel against it), and among them are layers read through a folded Resize, in bands (whole
+/// blocks each) and at one channel tile; no other launch changes; with the switch off none does.
 #[test]
 fn single_buffered_3x3_layers_take_two_rows_a_warp() {
     use gsttoonflow::cuda::neural::program::{
@@ -2073,71 +2073,88 @@ fn single_buffered_3x3_layers_take_two_rows_a_warp() {
     let mut models = vec![tiny_16()];
     models.extend(real_tiny());
     for model in &models {
-        let spec = model.specialise(1088, 1920).unwrap();
-        let plan = |two_rows: bool| {
-            let storage = Storage {
-                fusions: Fusions {
-                    two_rows,
-                    ..Fusions::ALL
-                },
-                ..Storage::uniform(spec.stage_count(), true)
+        // launches taking two rows: through a folded Resize, in bands, at one channel tile
+        let (mut resized, mut banded, mut one_tile) = (0, 0, 0);
+        for (w, h) in [(1920, 1088), (640, 368)] {
+            let spec = model.specialise(h, w).unwrap();
+            let plan = |two_rows: bool| {
+                let storage = Storage {
+                    fusions: Fusions {
+                        two_rows,
+                        ..Fusions::ALL
+                    },
+                    ..Storage::uniform(spec.stage_count(), true)
+                };
+                build(&spec, &storage, 0, 0).unwrap()
             };
-            build(&spec, &storage, 0, 0).unwrap()
-        };
-        let (on, off) = (plan(true), plan(false));
-        assert_eq!(on.launches.len(), off.launches.len());
-        let mut two_row_launches = 0;
-        for (a, b) in on.launches.iter().zip(&off.launches) {
-            let one_row = match (a.kernel, b.kernel) {
-                (
-                    Kernel::ConvMma(_, nt, MmaGather::ChannelsLast3x3TwoRows),
-                    Kernel::ConvMma(_, nb, MmaGather::ChannelsLast3x3),
-                ) => nt == nb,
-                (
-                    Kernel::ConvMma(_, nt, MmaGather::ChannelsLast3x3ResidualTwoRows),
-                    Kernel::ConvMma(_, nb, MmaGather::ChannelsLast3x3Residual),
-                ) => nt == nb,
-                _ => {
-                    assert_eq!(a.kernel, b.kernel);
-                    assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
-                    false
+            let (on, off) = (plan(true), plan(false));
+            assert_eq!(on.launches.len(), off.launches.len());
+            let mut two_row_launches = 0;
+            for (a, b) in on.launches.iter().zip(&off.launches) {
+                let one_row = match (a.kernel, b.kernel) {
+                    (
+                        Kernel::ConvMma(_, nt, MmaGather::ChannelsLast3x3TwoRows),
+                        Kernel::ConvMma(_, nb, MmaGather::ChannelsLast3x3),
+                    ) => nt == nb,
+                    (
+                        Kernel::ConvMma(_, nt, MmaGather::ChannelsLast3x3ResidualTwoRows),
+                        Kernel::ConvMma(_, nb, MmaGather::ChannelsLast3x3Residual),
+                    ) => nt == nb,
+                    _ => {
+                        assert_eq!(a.kernel, b.kernel);
+                        assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
+                        false
+                    }
+                };
+                if !one_row {
+                    continue;
                 }
-            };
-            if !one_row {
-                continue;
+                two_row_launches += 1;
+                let Kernel::ConvMma(_, nt, gather) = a.kernel else {
+                    unreachable!()
+                };
+                let c: gsttoonflow::cuda::neural::program::NnConv = params(&on, a);
+                let rows = TC_ROWS * TC_ROWS_W2;
+                assert_eq!(c.stages, 1, "{}: {:?}", model.name(), a.kernel);
+                assert_eq!((a.block, a.grid.0), (b.block, b.grid.0));
+                assert_eq!(a.grid.1, b.grid.1.div_ceil(2));
+                assert_eq!(a.shared, conv_shared_bytes_rows(gather, nt, &c, rows));
+                assert!(a.shared > b.shared);
+                // a band's rows are whole blocks of the taller ones
+                assert!(
+                    (c.row0 as u32).is_multiple_of(rows),
+                    "{}: band at row {}",
+                    model.name(),
+                    c.row0
+                );
+                let band = on.launches.iter().filter(|l| l.stage == a.stage).count() > 1;
+                resized += (c.rs_taps != 0) as usize;
+                banded += band as usize;
+                one_tile += (nt == 1) as usize;
             }
-            two_row_launches += 1;
-            let Kernel::ConvMma(_, nt, gather) = a.kernel else {
-                unreachable!()
-            };
-            let c: gsttoonflow::cuda::neural::program::NnConv = params(&on, a);
-            let rows = TC_ROWS * TC_ROWS_W2;
-            assert_eq!(c.stages, 1, "{}: {:?}", model.name(), a.kernel);
-            assert_eq!((a.block, a.grid.0), (b.block, b.grid.0));
-            assert_eq!(a.grid.1, b.grid.1.div_ceil(2));
-            assert_eq!(a.shared, conv_shared_bytes_rows(gather, nt, &c, rows));
-            assert!(a.shared > b.shared);
-            // a band's rows are whole blocks of the taller ones
-            assert!(
-                (c.row0 as u32).is_multiple_of(rows),
-                "{}: band at row {}",
-                model.name(),
-                c.row0
+            println!(
+                "{} {w}x{h}: {two_row_launches} two-row 3x3 launches",
+                model.name()
             );
+            assert!(two_row_launches >= 4, "{} {w}x{h}", model.name());
+            assert!(!off.launches.iter().any(|l| matches!(
+                l.kernel,
+                Kernel::ConvMma(
+                    _,
+                    _,
+                    MmaGather::ChannelsLast3x3TwoRows | MmaGather::ChannelsLast3x3ResidualTwoRows
+                )
+            )));
         }
         println!(
-            "{} 1920x1088: {two_row_launches} two-row 3x3 launches",
+            "{}: {resized} through a folded Resize, {banded} in bands, {one_tile} at one tile",
             model.name()
         );
-        assert!(two_row_launches >= 4, "{}", model.name());
-        assert!(!off.launches.iter().any(|l| matches!(
-            l.kernel,
-            Kernel::ConvMma(
-                _,
-                _,
-                MmaGather::ChannelsLast3x3TwoRows | MmaGather::ChannelsLast3x3ResidualTwoRows
-            )
-        )));
+        assert!(
+            resized >= 1 && banded >= 1 && one_tile >= 1,
+            "{}",
+            model.name()
+        );
     }
 }
 

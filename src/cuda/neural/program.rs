@@ -3260,12 +3260,12 @@ fn build_program(
                         _ => TC_ROWS,
                     };
                     if count > 1 && !rows.is_multiple_of(warps * per_warp) {
-                        // a band's rows a multiple of TC_ROWS only: the last block of a band
-                        // would compute rows of the next one while it reads them
+                        // a band's rows not whole blocks: the last block of a band would
+                        // compute rows of the next one while it reads them
                         return Err(unsupported(
                             i,
                             s,
-                            "a banded convolution whose warps take several rows",
+                            "a banded convolution whose bands are not whole blocks",
                         ));
                     }
                     let block_rows = warps * per_warp;
