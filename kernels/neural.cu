@@ -522,10 +522,10 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
             if (at.x >= 0) {
                 // the input's reflect padding to the network's size, as the conversion pads
                 float rgb[3];
-                nf_pixel_rgb_with(k, nf_reflect(at.y, scaled_w), nf_reflect(at.x, scaled_h), rgb);
+                nf_pixel_rgb(k, nf_reflect(at.y, scaled_w), nf_reflect(at.x, scaled_h), rgb);
 #pragma unroll
                 for (int c = 0; c < 3; c++)
-                    h[c] = float_to_half_bits(nf_input_value_with(k, rgb[c]));
+                    h[c] = float_to_half_bits(nf_input_value(k, rgb[c]));
             } else if (at.x != -1) { // the Pad's fill (-1: zero padding)
                 h[0] = h[1] = h[2] = fill_bits;
             }

@@ -102,7 +102,7 @@ __device__ __forceinline__ NfRgbConstants nf_rgb_constants(const NfFrame* p)
 }
 
 // Nominal RGB of frame pixel (x, y), as nv12_to_rgb makes it (not clamped).
-__device__ __forceinline__ void nf_pixel_rgb_with(const NfRgbConstants& k, int x, int y, float rgb[3])
+__device__ __forceinline__ void nf_pixel_rgb(const NfRgbConstants& k, int x, int y, float rgb[3])
 {
     const float yn = __fmul_rn(__fsub_rn((float)k.luma[(long long)y * k.width + x], k.y_offset), k.y_inv);
     float cbcr[2];
@@ -115,12 +115,7 @@ __device__ __forceinline__ void nf_pixel_rgb_with(const NfRgbConstants& k, int x
 }
 
 // The network's input value of nominal value x: x v_scale + v_offset.
-__device__ __forceinline__ float nf_input_value(const NfFrame* p, float x)
-{
-    return __fadd_rn(__fmul_rn(x, p->v_scale), p->v_offset);
-}
-
-__device__ __forceinline__ float nf_input_value_with(const NfRgbConstants& k, float x)
+__device__ __forceinline__ float nf_input_value(const NfRgbConstants& k, float x)
 {
     return __fadd_rn(__fmul_rn(x, k.v_scale), k.v_offset);
 }

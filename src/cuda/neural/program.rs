@@ -144,7 +144,7 @@ pub struct NnConv {
     /// is x's, taken through the chain as `nn_eltwise` would, then rounded to fp16; or 0.
     pub pre: u64,
     /// Tap-packed path, a 3-channel fp16 network input: the frame path's `NfFrame`; the gather
-    /// reads the input's values from its NV12 planes (`nf_pixel_rgb_with`, the conversion's own
+    /// reads the input's values from its NV12 planes (`nf_pixel_rgb`, the conversion's own
     /// arithmetic) instead of `x`. 0: read `x`. Set when the frame path attaches
     /// (`Program::frame_fields`).
     pub frame: u64,
