@@ -2081,6 +2081,7 @@ fn single_buffered_3x3_layers_take_two_rows_a_warp() {
                 let storage = Storage {
                     fusions: Fusions {
                         two_rows,
+                        two_rows_wide: false,
                         ..Fusions::ALL
                     },
                     ..Storage::uniform(spec.stage_count(), true)
@@ -2169,6 +2170,91 @@ fn two_rows_a_warp_keep_the_bits() {
         ..Fusions::ALL
     };
     fusion_keeps_the_bits_on_photos(one_row, "two rows a warp");
+}
+
+/// The double-buffered 3x3 layers at eight channel tiles take two output rows a warp
+/// (`Fusions::two_rows_wide`, no GPU needed to plan): on hayao_class at 1920x1080 and 960x544
+/// (its 64- and 128-channel 3x3 layers), each such layer keeps its double buffering, has a
+/// grid of eight-row blocks and the shared memory of its taller tiles, within the opt-in
+/// bound with room for a prologue chain; no other launch changes; with the switch off none
+/// does.
+#[test]
+fn eight_tile_3x3_layers_take_two_rows_a_warp() {
+    use gsttoonflow::cuda::neural::program::{
+        MmaGather, PRE_BYTES, TC_ROWS, TC_ROWS_W2, TC_SHARED_OPT_IN, build, conv_shared_bytes_rows,
+    };
+    let model = hayao_class();
+    for (w, h) in [(1920, 1080), (960, 544)] {
+        let spec = model.specialise(h, w).unwrap();
+        let plan = |two_rows_wide: bool| {
+            let storage = Storage {
+                fusions: Fusions {
+                    two_rows_wide,
+                    ..Fusions::ALL
+                },
+                ..Storage::uniform(spec.stage_count(), true)
+            };
+            build(&spec, &storage, 0, 0).unwrap()
+        };
+        let (on, off) = (plan(true), plan(false));
+        assert_eq!(on.launches.len(), off.launches.len());
+        let mut wide = 0;
+        for (a, b) in on.launches.iter().zip(&off.launches) {
+            match (a.kernel, b.kernel) {
+                (
+                    Kernel::ConvMma(_, 8, MmaGather::ChannelsLast3x3TwoRows),
+                    Kernel::ConvMma(_, 8, MmaGather::ChannelsLast3x3),
+                ) => {}
+                _ => {
+                    assert_eq!(a.kernel, b.kernel);
+                    assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
+                    continue;
+                }
+            }
+            wide += 1;
+            let c: gsttoonflow::cuda::neural::program::NnConv = params(&on, a);
+            let d: gsttoonflow::cuda::neural::program::NnConv = params(&off, b);
+            assert_eq!((c.stages, d.stages), (2, 2), "{w}x{h}: stage {}", a.stage);
+            assert_eq!((a.block, a.grid.0, a.grid.2), (b.block, b.grid.0, b.grid.2));
+            assert_eq!(a.grid.1, b.grid.1.div_ceil(2));
+            let rows = TC_ROWS * TC_ROWS_W2;
+            assert_eq!(
+                a.shared,
+                conv_shared_bytes_rows(MmaGather::ChannelsLast3x3TwoRows, 8, &c, rows)
+            );
+            assert!(a.shared > b.shared && a.shared + PRE_BYTES <= TC_SHARED_OPT_IN);
+        }
+        println!("hayao_class {w}x{h}: {wide} eight-tile two-row 3x3 launches");
+        assert!(wide >= 3, "hayao_class {w}x{h}: {wide}");
+        assert!(!off.launches.iter().any(|l| matches!(
+            l.kernel,
+            Kernel::ConvMma(_, 8, MmaGather::ChannelsLast3x3TwoRows)
+        )));
+    }
+}
+
+/// The eight-tile two-row kernel (B-stationary, `nn_tc_taps_rows_bs`) computes each output as
+/// the one-row kernel does, the same taps in the same order: the same bits, on hayao_class at
+/// 1920x1080 and 960x544 (a photo).
+#[test]
+fn eight_tile_two_rows_keep_the_bits() {
+    need_gpu!();
+    let model = hayao_class();
+    let one_row = Fusions {
+        two_rows_wide: false,
+        ..Fusions::ALL
+    };
+    for (w, h) in [(1920, 1080), (960, 544)] {
+        let input = photo_tensor(&model, "chelsea.png", w, h);
+        let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+        let (a, b) = run_with_and_without(&spec, &input, one_row);
+        println!("hayao_class {w}x{h}: {} values", a.data.len());
+        assert_same_bits(
+            &a,
+            &b,
+            &format!("hayao_class {w}x{h}: eight-tile two rows a warp"),
+        );
+    }
 }
 
 /// An fp16 network input (`Fusions::half_input`) is what the stem's gather made of the fp32

@@ -92,7 +92,7 @@ pub const EW_LAST_MAX: usize = 256;
 /// most (`prologue_chain`: the coefficients of all of them in shared memory, after the table).
 pub const PRE_MAX: usize = 64;
 /// The shared memory those coefficients take (a and b per channel, f32).
-const PRE_BYTES: u32 = (2 * PRE_MAX * 4) as u32;
+pub const PRE_BYTES: u32 = (2 * PRE_MAX * 4) as u32;
 /// Blocks of a per-last-axis affine launch at most (about eight resident a multiprocessor on
 /// the large cards; each block pays for its coefficients once, then loops).
 pub const EW_LAST_BLOCKS: u32 = 1024;
@@ -572,7 +572,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 49;
+    pub const COUNT: usize = 50;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -615,7 +615,8 @@ impl Kernel {
         all[n + 9] = Kernel::ConvMma(true, 1, MmaGather::ChannelsLast3x3TwoRows);
         all[n + 10] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3TwoRows);
         all[n + 11] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3ResidualTwoRows);
-        n += 12;
+        all[n + 12] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3TwoRows);
+        n += 13;
         let mut t = 0;
         while t < 3 {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked7x7);
@@ -681,7 +682,8 @@ impl Kernel {
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Residual) => "nn_conv_mma_hh_2_c3p",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_1_c3w",
-            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_2_c3w",
+            Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_2_c3w",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_8_c3w",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3ResidualTwoRows) => {
                 "nn_conv_mma_hh_2_c3pw"
             }
@@ -839,6 +841,10 @@ pub struct Fusions {
     /// The single-buffered 3x3 kernels at one or two channel tiles take two output rows a warp
     /// (`MmaGather::ChannelsLast3x3TwoRows`). `TOONFLOW_NEURAL_TWO_ROWS=0` turns it off.
     pub two_rows: bool,
+    /// The double-buffered 3x3 kernel at eight channel tiles takes two output rows a warp too,
+    /// each tap's B fragments loaded once for both (`nn_tc_taps_rows_bs`): the eight-tile layers
+    /// read shared memory for every product. `TOONFLOW_NEURAL_TWO_ROWS_8=0` turns it off.
+    pub two_rows_wide: bool,
 }
 
 impl Fusions {
@@ -858,6 +864,7 @@ impl Fusions {
         half_input: true,
         stat_chains: true,
         two_rows: true,
+        two_rows_wide: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -875,6 +882,7 @@ impl Fusions {
         half_input: false,
         stat_chains: false,
         two_rows: false,
+        two_rows_wide: false,
     };
 
     /// These fusions with every double-buffered gather single-buffered (a card whose
@@ -906,6 +914,7 @@ impl Fusions {
             half_input: switch("TOONFLOW_NEURAL_HALF_INPUT", true),
             stat_chains: switch("TOONFLOW_NEURAL_STAT_CHAINS", true),
             two_rows: switch("TOONFLOW_NEURAL_TWO_ROWS", true),
+            two_rows_wide: switch("TOONFLOW_NEURAL_TWO_ROWS_8", true),
         }
     }
 }
@@ -1347,8 +1356,11 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
                 && p.y_cs == 1
                 && p.cout % 2 == 0
         }
+        // single-buffered at one or two tiles; at eight double-buffered and B-stationary
+        // (`Fusions::two_rows_wide`)
         MmaGather::ChannelsLast3x3TwoRows => {
-            shape == (3, 3, 1, 1, 1, 1, 1) && nt <= 2 && p.stages == 1
+            shape == (3, 3, 1, 1, 1, 1, 1)
+                && ((nt <= 2 && p.stages == 1) || (nt == 8 && p.stages == 2))
         }
         MmaGather::ChannelsLast3x3Resize => {
             // the patch sits where a prologue chain's coefficients would: never both; at four
@@ -3195,7 +3207,14 @@ fn build_program(
                         }
                         g => g,
                     };
-                    let gather = if storage.fusions.two_rows
+                    let wide_ok = if p.stages == 2 {
+                        storage.fusions.two_rows_wide
+                            && conv_shared_bytes(two_rows, nt as u8, &p) + PRE_BYTES
+                                <= TC_SHARED_OPT_IN
+                    } else {
+                        storage.fusions.two_rows
+                    };
+                    let gather = if wide_ok
                         && two_rows != gather
                         && whole_bands
                         && fixed_shape_matches(two_rows, &p, nt as u8)
