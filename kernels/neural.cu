@@ -603,6 +603,10 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // fragments serve both rows (nn_tc_taps_rows). The full-resolution 16-channel layers are bound
 // by the instructions of their gathers (ncu, H100), not by the tensor cores.
 #define NN_GATHER_CL_3X3_W2 8
+// A stride-1 1x1 over a channels-last input, double-buffered (NnConv::stages == 2): the fixed
+// shapes' staging, so that each chunk's B fragments arrive with its tile by cp.async instead of
+// one exposed global load a chunk (the general gather's single tap has nothing to overlap it)
+#define NN_GATHER_CL_1X1 9
 
 // The affine part of an elementwise chain (defined with nn_eltwise below): a folded prologue
 // chain (NnConv::pre) takes each gathered value through it.
@@ -651,6 +655,8 @@ template <>
 struct NnFixedShape<NN_GATHER_CL_3X3_RS> : NnShape<3, 3, 1, 1, 1> {};
 template <>
 struct NnFixedShape<NN_GATHER_CL_3X3_W2> : NnShape<3, 3, 1, 1, 1> {};
+template <>
+struct NnFixedShape<NN_GATHER_CL_1X1> : NnShape<1, 1, 1, 1, 1> {};
 // the paired output convolution is 7x7: 4 virtual taps a row, 2 pixels apart
 template <>
 struct NnFixedShape<NN_GATHER_CL_PAIRED> : NnShape<7, 4, 2, 1, 1> {};
@@ -885,12 +891,15 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // gather, fixed 3x3 or general): chunk kc + 1's tile (and a fixed shape's B fragments) are
     // copied with cp.async while chunk kc's products run; [B 0][B 1][tile 0][tile 1], then the
     // table
-    const bool piped = (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_3X3_W2 || GATHER == NN_GATHER_CHANNELS_LAST) &&
+    const bool piped = (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_3X3_W2 || GATHER == NN_GATHER_CL_1X1 ||
+                        GATHER == NN_GATHER_CHANNELS_LAST) &&
                        p->stages == 2;
     // a staged Resize patch double-buffered (NnConv::stages): chunk kc + 1's patch and B
     // fragments copied while chunk kc is blended into the (single) tile and multiplied;
     // [B 0][B 1][tile], the table, then [patch 0][patch 1]
-    const bool two_b = (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_3X3_W2 || staged_resize) && p->stages == 2;
+    const bool two_b =
+        (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_3X3_W2 || GATHER == NN_GATHER_CL_1X1 || staged_resize) &&
+        p->stages == 2;
     // fixed shape: [tap][n][lane] B fragments (256 bytes a tap and tile), then the tile
     constexpr int b_halves = fixed ? F::kh * F::kw_v * NT * 128 : 0;
     extern __shared__ __align__(16) unsigned short smem[];
@@ -1312,6 +1321,7 @@ extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_
 // eight tiles, double-buffered, B-stationary (nn_tc_taps_rows_bs): two rows of 64 accumulators a
 // thread, two blocks a multiprocessor
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 2) nn_conv_mma_hh_8_c3w(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3_W2>(p); }
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_1X1>(p); }
 // (four tiles: launched double-buffered only, NnConv::stages)
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
 // (eight tiles at 128 registers, 4 blocks a multiprocessor: it fits without spills, 142 unbounded)

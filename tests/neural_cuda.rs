@@ -793,12 +793,13 @@ fn tensor_core_chains_store_channels_last() {
                     .count()
             };
             use MmaGather::{
-                ChannelsLast, ChannelsLast3x3, ChannelsLast3x3Residual,
+                ChannelsLast, ChannelsLast1x1, ChannelsLast3x3, ChannelsLast3x3Residual,
                 ChannelsLast3x3ResidualTwoRows, ChannelsLast3x3Resize, ChannelsLast3x3S2,
                 ChannelsLast3x3TwoRows, ChannelsLastPaired, TapPacked, TapPacked7x7,
             };
             let cl_convs = count(&[
                 ChannelsLast,
+                ChannelsLast1x1,
                 ChannelsLast3x3,
                 ChannelsLast3x3Resize,
                 ChannelsLast3x3Residual,
@@ -2254,6 +2255,81 @@ fn eight_tile_two_rows_keep_the_bits() {
             &b,
             &format!("hayao_class {w}x{h}: eight-tile two rows a warp"),
         );
+    }
+}
+
+/// The double-buffered 1x1 layers over channels-last inputs at eight channel tiles take the
+/// fixed shapes' staging (`Fusions::fixed_1x1`, no GPU needed to plan): on hayao_class at
+/// 1920x1080 and 960x544 (its 64- and 128-channel pointwise convolutions) each such layer
+/// keeps its grid, block and double buffering, with the shared memory of its staged B
+/// fragments; no other launch changes; with the switch off none does.
+#[test]
+fn pointwise_layers_stage_their_weights_with_the_tile() {
+    use gsttoonflow::cuda::neural::program::{MmaGather, NnConv, build, conv_shared_bytes};
+    let model = hayao_class();
+    for (w, h) in [(1920, 1080), (960, 544)] {
+        let spec = model.specialise(h, w).unwrap();
+        let plan = |fixed_1x1: bool| {
+            let storage = Storage {
+                fusions: Fusions {
+                    fixed_1x1,
+                    ..Fusions::ALL
+                },
+                ..Storage::uniform(spec.stage_count(), true)
+            };
+            build(&spec, &storage, 0, 0).unwrap()
+        };
+        let (on, off) = (plan(true), plan(false));
+        assert_eq!(on.launches.len(), off.launches.len());
+        let mut staged = 0;
+        for (a, b) in on.launches.iter().zip(&off.launches) {
+            match (a.kernel, b.kernel) {
+                (
+                    Kernel::ConvMma(_, 8, MmaGather::ChannelsLast1x1),
+                    Kernel::ConvMma(_, 8, MmaGather::ChannelsLast),
+                ) => {}
+                _ => {
+                    assert_eq!(a.kernel, b.kernel);
+                    assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
+                    continue;
+                }
+            }
+            staged += 1;
+            let (c, d): (NnConv, NnConv) = (params(&on, a), params(&off, b));
+            assert_eq!((c.kh, c.kw, c.sh, c.sw), (1, 1, 1, 1));
+            assert_eq!((c.stages, d.stages), (2, 2), "{w}x{h}: stage {}", a.stage);
+            assert_eq!((a.grid, a.block), (b.grid, b.block));
+            assert_eq!(
+                a.shared,
+                conv_shared_bytes(MmaGather::ChannelsLast1x1, 8, &c)
+            );
+        }
+        println!("hayao_class {w}x{h}: {staged} staged 1x1 launches");
+        assert!(staged >= 4, "hayao_class {w}x{h}: {staged}");
+        assert!(
+            !off.launches
+                .iter()
+                .any(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::ChannelsLast1x1)))
+        );
+    }
+}
+
+/// The staged 1x1 kernel multiplies the same fragments in the same order as the general
+/// gather's single tap: the same bits, on hayao_class at 1920x1080 and 960x544 (a photo).
+#[test]
+fn the_staged_1x1_keeps_the_bits() {
+    need_gpu!();
+    let model = hayao_class();
+    let general = Fusions {
+        fixed_1x1: false,
+        ..Fusions::ALL
+    };
+    for (w, h) in [(1920, 1080), (960, 544)] {
+        let input = photo_tensor(&model, "chelsea.png", w, h);
+        let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+        let (a, b) = run_with_and_without(&spec, &input, general);
+        println!("hayao_class {w}x{h}: {} values", a.data.len());
+        assert_same_bits(&a, &b, &format!("hayao_class {w}x{h}: the staged 1x1"));
     }
 }
 

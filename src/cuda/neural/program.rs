@@ -504,6 +504,10 @@ pub enum MmaGather {
     ChannelsLast3x3TwoRows,
     /// `ChannelsLast3x3Residual` with `TC_ROWS_W2` output rows a warp.
     ChannelsLast3x3ResidualTwoRows,
+    /// A stride-1 1x1 over a channels-last input at eight channel tiles, double-buffered with
+    /// the fixed shapes' staging: each chunk's B fragments are copied with its tile instead of
+    /// loaded once a chunk with nothing to hide the load behind. `Fusions::fixed_1x1`.
+    ChannelsLast1x1,
     /// Tap-packed as `TapPacked`, a 7x7 convolution of stride 1 and dilation 1 over at most 4
     /// channels (the stem: 4 taps a virtual tap), its shape compiled in as `ChannelsLast3x3`'s.
     TapPacked7x7,
@@ -520,6 +524,7 @@ impl MmaGather {
             | MmaGather::ChannelsLast3x3Residual
             | MmaGather::ChannelsLast3x3TwoRows
             | MmaGather::ChannelsLast3x3ResidualTwoRows => 9,
+            MmaGather::ChannelsLast1x1 => 1,
             MmaGather::TapPacked7x7 => 7 * 2,
             MmaGather::ChannelsLastPaired => 7 * 4,
             _ => 0,
@@ -572,7 +577,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 50;
+    pub const COUNT: usize = 51;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -616,7 +621,8 @@ impl Kernel {
         all[n + 10] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3TwoRows);
         all[n + 11] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3ResidualTwoRows);
         all[n + 12] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3TwoRows);
-        n += 13;
+        all[n + 13] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast1x1);
+        n += 14;
         let mut t = 0;
         while t < 3 {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked7x7);
@@ -684,6 +690,7 @@ impl Kernel {
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_1_c3w",
             Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_2_c3w",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_8_c3w",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast1x1) => "nn_conv_mma_hh_8_c1",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3ResidualTwoRows) => {
                 "nn_conv_mma_hh_2_c3pw"
             }
@@ -845,6 +852,10 @@ pub struct Fusions {
     /// each tap's B fragments loaded once for both (`nn_tc_taps_rows_bs`): the eight-tile layers
     /// read shared memory for every product. `TOONFLOW_NEURAL_TWO_ROWS_8=0` turns it off.
     pub two_rows_wide: bool,
+    /// The double-buffered stride-1 1x1 over channels-last inputs at eight channel tiles takes
+    /// the fixed shapes' staging (`MmaGather::ChannelsLast1x1`). `TOONFLOW_NEURAL_1X1=0` turns
+    /// it off.
+    pub fixed_1x1: bool,
 }
 
 impl Fusions {
@@ -865,6 +876,7 @@ impl Fusions {
         stat_chains: true,
         two_rows: true,
         two_rows_wide: true,
+        fixed_1x1: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -883,6 +895,7 @@ impl Fusions {
         stat_chains: false,
         two_rows: false,
         two_rows_wide: false,
+        fixed_1x1: false,
     };
 
     /// These fusions with every double-buffered gather single-buffered (a card whose
@@ -915,6 +928,7 @@ impl Fusions {
             stat_chains: switch("TOONFLOW_NEURAL_STAT_CHAINS", true),
             two_rows: switch("TOONFLOW_NEURAL_TWO_ROWS", true),
             two_rows_wide: switch("TOONFLOW_NEURAL_TWO_ROWS_8", true),
+            fixed_1x1: switch("TOONFLOW_NEURAL_1X1", true),
         }
     }
 }
@@ -1292,6 +1306,7 @@ fn prologue_chain(
             | MmaGather::ChannelsLast3x3
             | MmaGather::ChannelsLast3x3TwoRows
             | MmaGather::ChannelsLast3x3S2
+            | MmaGather::ChannelsLast1x1
             | MmaGather::ChannelsLastPaired
     );
     if !gathers_channels_last
@@ -1346,6 +1361,7 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
         // double-buffered it wins
         MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1) && (nt != 4 || p.stages == 2),
         MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 2,
+        MmaGather::ChannelsLast1x1 => shape == (1, 1, 1, 1, 1, 1, 1) && nt == 8 && p.stages == 2,
         // ncu, H100: the real tiny's Resize convolutions at two tiles 177 -> 158 and 70 -> 66 µs
         MmaGather::ChannelsLast3x3Residual | MmaGather::ChannelsLast3x3ResidualTwoRows => {
             shape == (3, 3, 1, 1, 1, 1, 1)
@@ -1383,9 +1399,8 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
 /// channels-last gather (no folded Resize) of at least two 16-channel chunks (with one there is
 /// nothing to overlap, and the second tile only costs occupancy: ncu, H200), whose two tiles
 /// and B stages fit `TC_SHARED_OPT_IN` with a prologue chain's coefficients.
-fn pipelined(p: &NnConv, nt: u8, fusions: &Fusions) -> Option<NnConv> {
+fn pipelined(p: &NnConv, nt: u8, fusions: &Fusions, g: MmaGather) -> Option<NnConv> {
     let piped = NnConv { stages: 2, ..*p };
-    let g = MmaGather::ChannelsLast3x3;
     (fusions.pipelined
         && p.rs_taps == 0
         && p.cin_pad >= 32
@@ -3114,27 +3129,37 @@ fn build_program(
                     // (`fixed_shape_matches`, the one statement of those shapes)
                     let fixed: &[MmaGather] = match general {
                         MmaGather::TapPacked => &[MmaGather::TapPacked7x7],
-                        MmaGather::ChannelsLast if y.half => {
-                            &[MmaGather::ChannelsLast3x3, MmaGather::ChannelsLast3x3S2]
-                        }
+                        MmaGather::ChannelsLast if y.half => &[
+                            MmaGather::ChannelsLast3x3,
+                            MmaGather::ChannelsLast3x3S2,
+                            MmaGather::ChannelsLast1x1,
+                        ],
                         _ => &[],
                     };
                     // the fixed stride-1 3x3 double-buffered where it can be (at four tiles
                     // only so)
-                    let piped = pipelined(&p, nt as u8, &storage.fusions);
+                    let piped =
+                        pipelined(&p, nt as u8, &storage.fusions, MmaGather::ChannelsLast3x3);
+                    // the 1x1 kernel only double-buffered
+                    let piped_1x1 =
+                        pipelined(&p, nt as u8, &storage.fusions, MmaGather::ChannelsLast1x1)
+                            .filter(|_| storage.fusions.fixed_1x1);
                     let gather = fixed
                         .iter()
                         .copied()
                         .find(|&f| {
-                            let q = match (f, &piped) {
-                                (MmaGather::ChannelsLast3x3, Some(q)) => q,
+                            let q = match (f, &piped, &piped_1x1) {
+                                (MmaGather::ChannelsLast3x3, Some(q), _) => q,
+                                (MmaGather::ChannelsLast1x1, _, Some(q)) => q,
+                                (MmaGather::ChannelsLast1x1, _, None) => return false,
                                 _ => &p,
                             };
                             storage.fusions.fixed_shapes && fixed_shape_matches(f, q, nt as u8)
                         })
                         .unwrap_or(general);
-                    let p = match piped {
-                        Some(q) if gather == MmaGather::ChannelsLast3x3 => q,
+                    let p = match (piped, piped_1x1) {
+                        (_, Some(q)) if gather == MmaGather::ChannelsLast1x1 => q,
+                        (Some(q), _) if gather == MmaGather::ChannelsLast3x3 => q,
                         _ if gather == MmaGather::ChannelsLast => {
                             pipelined_general(&p, nt as u8, &storage.fusions).unwrap_or(p)
                         }
