@@ -598,9 +598,10 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // time (NnConv::rs_patch): a separate kernel, so that the 3x3 layers without a Resize keep
 // their registers.
 #define NN_GATHER_CL_3X3_RS 7
-// NN_GATHER_CL_3X3 (single-buffered, one or two channel tiles) with NN_TC_ROWS_W2 output rows a
-// warp: the tile's halo rows are gathered once for twice the outputs and each tile row's A
-// fragments serve both rows (nn_tc_taps_rows). The full-resolution 16-channel layers are bound
+// NN_GATHER_CL_3X3 with NN_TC_ROWS_W2 output rows a warp: single-buffered at one or two channel
+// tiles, the tile's halo rows gathered once for twice the outputs and each tile row's A
+// fragments serving both rows (nn_tc_taps_rows); double-buffered at eight, each tap's B
+// fragments loaded once for both rows too (nn_tc_taps_rows_bs). The full-resolution 16-channel layers are bound
 // by the instructions of their gathers (ncu, H100), not by the tensor cores.
 #define NN_GATHER_CL_3X3_W2 8
 // A stride-1 1x1 over a channels-last input, double-buffered (NnConv::stages == 2): the fixed
@@ -888,7 +889,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || (fixed && !packed);
     constexpr bool staged_resize = GATHER == NN_GATHER_CL_3X3_RS;
     // a double-buffered block (NnConv::stages, the host sets it only for a direct channels-last
-    // gather, fixed 3x3 or general): chunk kc + 1's tile (and a fixed shape's B fragments) are
+    // gather, fixed 3x3 (one or two rows a warp), fixed 1x1 or general): chunk kc + 1's tile (and a fixed shape's B fragments) are
     // copied with cp.async while chunk kc's products run; [B 0][B 1][tile 0][tile 1], then the
     // table
     const bool piped = (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_3X3_W2 || GATHER == NN_GATHER_CL_1X1 ||

@@ -498,9 +498,11 @@ pub enum MmaGather {
     /// a channels-last fp16 output of even channels: the epilogue reads the addend and writes
     /// the sum a channel pair at a time (`fixed_shape_matches`).
     ChannelsLast3x3Residual,
-    /// As `ChannelsLast3x3` single-buffered at one or two channel tiles, `TC_ROWS_W2` output
-    /// rows a warp: the tile's two halo rows are gathered once for eight output rows, not four,
-    /// and each tile row's A fragments serve both of a warp's rows. `Fusions::two_rows`.
+    /// As `ChannelsLast3x3` with `TC_ROWS_W2` output rows a warp: single-buffered at one or two
+    /// channel tiles (`Fusions::two_rows`), the tile's two halo rows gathered once for eight
+    /// output rows, not four, and each tile row's A fragments serving both of a warp's rows;
+    /// double-buffered at eight (`Fusions::two_rows_wide`), each tap's B fragments loaded once
+    /// for both rows too.
     ChannelsLast3x3TwoRows,
     /// `ChannelsLast3x3Residual` with `TC_ROWS_W2` output rows a warp.
     ChannelsLast3x3ResidualTwoRows,
@@ -1276,7 +1278,8 @@ pub const TC_SHARED_OPT_IN: u32 = 96 * 1024;
 
 /// Shared memory a multiprocessor needs for the double-buffered gathers (`Fusions::pipelined`,
 /// `pipelined_general`) to be used: three of the largest blocks (about 60 KiB each) with their
-/// reserve. The H100 / H200 (228 KiB), where they were measured, have it; the A100 (164 KiB)
+/// reserve (the eight-tile two-row 3x3's blocks take about 70 KiB, but its registers allow two
+/// a multiprocessor). The H100 / H200 (228 KiB), where they were measured, have it; the A100 (164 KiB)
 /// would fit two, sm_86, sm_89 and sm_120 (100 KiB) one, so those keep the single-buffered
 /// gathers.
 pub const PIPELINE_MIN_SHARED_PER_SM: u32 = 3 * (60 + 1) * 1024;
@@ -1395,7 +1398,8 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
     }
 }
 
-/// The double-buffered variant of a fixed stride-1 3x3 launch (`NnConv::stages`): a direct
+/// The double-buffered variant of a fixed stride-1 launch of gather `g` (the 3x3, or the 1x1
+/// that is only ever double-buffered) (`NnConv::stages`): a direct
 /// channels-last gather (no folded Resize) of at least two 16-channel chunks (with one there is
 /// nothing to overlap, and the second tile only costs occupancy: ncu, H200), whose two tiles
 /// and B stages fit `TC_SHARED_OPT_IN` with a prologue chain's coefficients.
@@ -3140,10 +3144,13 @@ fn build_program(
                     // only so)
                     let piped =
                         pipelined(&p, nt as u8, &storage.fusions, MmaGather::ChannelsLast3x3);
-                    // the 1x1 kernel only double-buffered
+                    // the 1x1 kernel only double-buffered, under both double-buffering
+                    // switches (the general gather it replaces answers to pipelined_general)
                     let piped_1x1 =
                         pipelined(&p, nt as u8, &storage.fusions, MmaGather::ChannelsLast1x1)
-                            .filter(|_| storage.fusions.fixed_1x1);
+                            .filter(|_| {
+                                storage.fusions.fixed_1x1 && storage.fusions.pipelined_general
+                            });
                     let gather = fixed
                         .iter()
                         .copied()
