@@ -1840,14 +1840,18 @@ extern "C" __global__ void nn_norm_apply(const NnNormApply* __restrict__ p)
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
         // the channel by a 32-bit division when the index allows (hw < 2^31 always); a
-        // channels-last output runs over its own order and reads x's planes across
+        // channels-last output runs over its own order and reads an NCHW x's planes across,
+        // an NCHW output reads a channels-last x's pixels across
         int c;
         long long xi = i;
         if (p->y_cl) {
             c = (int)(i % p->y_cl);
-            xi = (long long)c * p->hw + i / p->y_cl;
+            if (!p->x_cl)
+                xi = (long long)c * p->hw + i / p->y_cl;
         } else {
             c = i < 2147483647ll ? (int)((unsigned int)i / (unsigned int)p->hw) : (int)(i / p->hw);
+            if (p->x_cl)
+                xi = (i - (long long)c * p->hw) * p->x_cl + c;
         }
         float m = ((const float*)p->mean)[c];
         float v = ((const float*)p->var)[c];

@@ -2333,6 +2333,93 @@ fn the_staged_1x1_keeps_the_bits() {
     }
 }
 
+/// An instance normalization that reads channels-last inputs (`Fusions::instance_cl`, no GPU
+/// needed to plan): on hayao_class at 1920x1080 and 960x544 its application reads its
+/// 256-channel input channels-last, the residual blocks before it stay channels-last, so no
+/// eight-tile convolution gathers an NCHW input any more (five do at 1920x1080 with the switch
+/// off), and the
+/// arena does not grow.
+#[test]
+fn instance_normalizations_read_channels_last_inputs() {
+    use gsttoonflow::cuda::neural::program::{MmaGather, NnNormApply, build};
+    let model = hayao_class();
+    for (w, h) in [(1920, 1080), (960, 544)] {
+        let spec = model.specialise(h, w).unwrap();
+        let plan = |instance_cl: bool| {
+            let storage = Storage {
+                fusions: Fusions {
+                    instance_cl,
+                    ..Fusions::ALL
+                },
+                ..Storage::uniform(spec.stage_count(), true)
+            };
+            build(&spec, &storage, 0, 0).unwrap()
+        };
+        let (on, off) = (plan(true), plan(false));
+        let planar_wide = |p: &gsttoonflow::cuda::neural::program::Program| {
+            p.launches
+                .iter()
+                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, 8, MmaGather::Planar)))
+                .count()
+        };
+        let apply = |p: &gsttoonflow::cuda::neural::program::Program| -> Vec<NnNormApply> {
+            p.launches
+                .iter()
+                .filter(|l| l.kernel == Kernel::NormApply)
+                .map(|l| params(p, l))
+                .collect()
+        };
+        let (a_on, a_off) = (apply(&on), apply(&off));
+        println!(
+            "hayao_class {w}x{h}: eight-tile NCHW gathers {} -> {}, arena {} -> {} B, \
+             instance normalization x_cl {:?} -> {:?}",
+            planar_wide(&off),
+            planar_wide(&on),
+            off.arena.arena_bytes,
+            on.arena.arena_bytes,
+            a_off.iter().map(|p| p.x_cl).collect::<Vec<_>>(),
+            a_on.iter().map(|p| p.x_cl).collect::<Vec<_>>(),
+        );
+        if w == 1920 {
+            assert!(planar_wide(&off) >= 5, "{w}x{h}: {}", planar_wide(&off));
+        }
+        assert_eq!(planar_wide(&on), 0, "{w}x{h}");
+        assert!(!a_on.is_empty() && a_on.iter().all(|p| p.x_cl == 256 && p.c == 256));
+        assert!(a_off.iter().all(|p| p.x_cl == 0));
+        assert!(on.arena.arena_bytes <= off.arena.arena_bytes);
+    }
+}
+
+/// Channels-last instance normalization inputs change only the order of the statistics'
+/// sums: on hayao_class at 480x272 both plans keep 40 dB against the CPU reference on a photo,
+/// and at 1920x1080 the two GPU outputs stay within 50 dB of each other.
+#[test]
+fn channels_last_instance_inputs_keep_the_picture() {
+    need_gpu!();
+    let model = hayao_class();
+    let nchw = Fusions {
+        instance_cl: false,
+        ..Fusions::ALL
+    };
+    for (w, h, reference) in [(480, 272, true), (1920, 1080, false)] {
+        let input = photo_tensor(&model, "chelsea.png", w, h);
+        let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+        let (a, b) = run_with_and_without(&spec, &input, nchw);
+        let between = psnr(&a, &b);
+        if reference {
+            let cpu = spec.run(&input, None).unwrap();
+            let (pa, pb) = (psnr(&cpu, &a), psnr(&cpu, &b));
+            println!(
+                "hayao_class {w}x{h}: {pa:.1} dB channels-last, {pb:.1} dB NCHW, {between:.1} dB between"
+            );
+            assert!(pa >= 40.0 && pb >= 40.0, "{w}x{h}: {pa:.1} / {pb:.1} dB");
+        } else {
+            println!("hayao_class {w}x{h}: {between:.1} dB between");
+        }
+        assert!(between >= 50.0, "{w}x{h}: {between:.1} dB");
+    }
+}
+
 /// An fp16 network input (`Fusions::half_input`) is what the stem's gather made of the fp32
 /// one (both round to nearest even): the same output bits through the tensor path's upload
 /// (tiny_16 and the real tiny, when here, at 1920x1088 and 640x368). The frame path's

@@ -306,9 +306,10 @@ pub struct NnNormApply {
     pub act: i32,
     pub act_a: f32,
     pub act_b: f32,
-    /// Channels of a channels-last y (x stays NCHW), or 0: y NCHW.
+    /// Channels of a channels-last y, or 0: y NCHW.
     pub y_cl: i32,
-    pub align: i32,
+    /// Channels of a channels-last x, or 0: x NCHW.
+    pub x_cl: i32,
 }
 }
 
@@ -858,6 +859,10 @@ pub struct Fusions {
     /// the fixed shapes' staging (`MmaGather::ChannelsLast1x1`). `TOONFLOW_NEURAL_1X1=0` turns
     /// it off.
     pub fixed_1x1: bool,
+    /// An instance normalization reads a channels-last input (its statistics 8 channels a
+    /// pixel, its application across the pixel), so the tensors before it may stay
+    /// channels-last. `TOONFLOW_NEURAL_INSTANCE_CL=0` turns it off.
+    pub instance_cl: bool,
 }
 
 impl Fusions {
@@ -879,6 +884,7 @@ impl Fusions {
         two_rows: true,
         two_rows_wide: true,
         fixed_1x1: true,
+        instance_cl: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -898,6 +904,7 @@ impl Fusions {
         two_rows: false,
         two_rows_wide: false,
         fixed_1x1: false,
+        instance_cl: false,
     };
 
     /// These fusions with every double-buffered gather single-buffered (a card whose
@@ -931,6 +938,7 @@ impl Fusions {
             two_rows: switch("TOONFLOW_NEURAL_TWO_ROWS", true),
             two_rows_wide: switch("TOONFLOW_NEURAL_TWO_ROWS_8", true),
             fixed_1x1: switch("TOONFLOW_NEURAL_1X1", true),
+            instance_cl: switch("TOONFLOW_NEURAL_INSTANCE_CL", true),
         }
     }
 }
@@ -2045,7 +2053,7 @@ fn channels_last_values(
     }
     // elementwise chains run over a channels-last output in its own order (`nn_eltwise`)
     let elementwise = |i: usize| l.stages[i].kind == StageKind::Elementwise && !folds.folded(i);
-    // and an instance normalization's application writes either layout (from NCHW)
+    // and an instance normalization's application writes either layout (from either)
     let instance = |s: &Stage| s.stats.as_ref().is_some_and(|st| st.instance.is_some());
     for (i, s) in l.stages.iter().enumerate() {
         if (elementwise(i) || instance(s)) && s.outputs.len() == 1 {
@@ -2078,13 +2086,14 @@ fn channels_last_values(
                     || ((c as usize).is_multiple_of(GRAM_TILE)
                         && c as usize <= GRAM_CHANNELS
                         && grams.iter().any(|g| g.own == j || g.conv == j))
-                    // the statistics kernel reads 8 channels a pixel (not an instance
-                    // normalization's application, which reads NCHW)
+                    // the statistics kernel reads 8 channels a pixel, an instance
+                    // normalization's application either layout
                     || (s.kind == StageKind::Normalize
                         && c % 8 == 0
-                        && s.stats
-                            .as_ref()
-                            .is_some_and(|st| st.instance.is_none() && st.input == *v))
+                        && s.stats.as_ref().is_some_and(|st| {
+                            st.input == *v
+                                && (st.instance.is_none() || storage.fusions.instance_cl)
+                        }))
                     || (elementwise(j)
                         && s.outputs.len() == 1
                         && out.contains_key(&s.outputs[0])
@@ -3424,7 +3433,7 @@ fn build_program(
                         act_a,
                         act_b,
                         y_cl: y.channels_last.map_or(0, |c| c as i32),
-                        align: 0,
+                        x_cl: x.channels_last.map_or(0, |c| c as i32),
                     };
                     blocks.push((
                         Kernel::NormApply,
