@@ -885,20 +885,35 @@ fn tensor_core_chains_store_channels_last() {
             for &(_, c) in &cl_values {
                 assert_eq!(c % 16, 0);
             }
-            // the statistics kernels read channels-last tensors, an instance normalization's
-            // application does not
+            // the statistics kernels read channels-last tensors, and an instance
+            // normalization's application reads its input in the layout it was stored in
             let l = spec.lowered();
-            for s in l.stages.iter() {
+            for (j, s) in l.stages.iter().enumerate() {
                 let Some(x) = s.stats.as_ref().filter(|st| st.instance.is_some()) else {
                     continue;
                 };
                 let producer = l.stages.iter().position(|p| p.outputs.contains(&x.input));
-                if let Some(i) = producer {
-                    assert!(
-                        p.stage_outputs[i].iter().all(|p| p.channels_last.is_none()),
-                        "{}: a normalization reads channels-last stage {i}",
-                        model.name()
-                    );
+                let Some(i) = producer else { continue };
+                let stored = p.stage_outputs[i]
+                    .iter()
+                    .zip(&l.stages[i].outputs)
+                    .find(|(_, v)| **v == x.input)
+                    .and_then(|(place, _)| place.channels_last)
+                    .map_or(0, |c| c as i32);
+                let apply = p
+                    .launches
+                    .iter()
+                    .find(|a| a.stage == j && a.kernel == Kernel::NormApply)
+                    .expect("an instance normalization's application");
+                let read: gsttoonflow::cuda::neural::program::NnNormApply = params(&p, apply);
+                assert_eq!(
+                    read.x_cl,
+                    stored,
+                    "{}: stage {j} reads stage {i}",
+                    model.name()
+                );
+                if !Fusions::from_env().instance_cl {
+                    assert_eq!(stored, 0, "{}: stage {i} channels-last", model.name());
                 }
             }
         }
