@@ -2435,6 +2435,71 @@ fn channels_last_instance_inputs_keep_the_picture() {
     }
 }
 
+/// The shared-memory kernels of the eight-tile layers at about the smallest size that takes
+/// them (for compute-sanitizer racecheck): hayao_class at 1024x256 takes the B-stationary two-row
+/// 3x3, the staged 1x1 and the channels-last instance normalization; each switched off keeps
+/// the bits (the first two) or 50 dB (the third), and all of them 40 dB against the CPU
+/// reference on a photo.
+#[test]
+fn eight_tile_kernels_at_a_small_size() {
+    use gsttoonflow::cuda::neural::program::MmaGather;
+    need_gpu!();
+    let model = hayao_class();
+    let input = photo_tensor(&model, "chelsea.png", 1024, 256);
+    let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+    let all = gpu_with(&spec, true, false, true, Fusions::ALL);
+    let kernels: Vec<Kernel> = all.program().launches.iter().map(|l| l.kernel).collect();
+    for k in [
+        Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3TwoRows),
+        Kernel::ConvMma(true, 8, MmaGather::ChannelsLast1x1),
+        Kernel::NormApply,
+    ] {
+        assert!(
+            kernels.contains(&k),
+            "hayao_class 1024x256 does not launch {k:?}"
+        );
+    }
+    let on = run_gpu(&mut { all }, &input);
+    let cpu = spec.run(&input, None).unwrap();
+    let p = psnr(&cpu, &on);
+    println!("hayao_class 1024x256: {p:.1} dB against the CPU reference");
+    assert!(p >= 40.0, "{p:.1} dB");
+    for (off, same_bits) in [
+        (
+            Fusions {
+                two_rows_wide: false,
+                ..Fusions::ALL
+            },
+            true,
+        ),
+        (
+            Fusions {
+                fixed_1x1: false,
+                ..Fusions::ALL
+            },
+            true,
+        ),
+        (
+            Fusions {
+                instance_cl: false,
+                ..Fusions::ALL
+            },
+            false,
+        ),
+    ] {
+        let out = run_gpu(&mut gpu_with(&spec, true, false, true, off), &input);
+        if same_bits {
+            assert_same_bits(&on, &out, &format!("hayao_class 1024x256 {off:?}"));
+        } else {
+            let between = psnr(&on, &out);
+            println!(
+                "hayao_class 1024x256, instance normalizations over NCHW: {between:.1} dB between"
+            );
+            assert!(between >= 50.0, "{between:.1} dB");
+        }
+    }
+}
+
 /// An fp16 network input (`Fusions::half_input`) is what the stem's gather made of the fp32
 /// one (both round to nearest even): the same output bits through the tensor path's upload
 /// (tiny_16 and the real tiny, when here, at 1920x1088 and 640x368). The frame path's
