@@ -146,6 +146,15 @@ fn params<T: bytemuck::Pod>(
     bytemuck::pod_read_unaligned(&p.static_init[at..at + std::mem::size_of::<T>()])
 }
 
+/// The uniform fp16 plan of `spec` with `fusions`, built at static base 0 (no GPU needed).
+fn fp16_plan(spec: &Specialised, fusions: Fusions) -> gsttoonflow::cuda::neural::program::Program {
+    let storage = Storage {
+        fusions,
+        ..Storage::uniform(spec.stage_count(), true)
+    };
+    gsttoonflow::cuda::neural::program::build(spec, &storage, 0, 0).unwrap()
+}
+
 /// The elementwise chains of a program built at static base 0: those launched, and those a
 /// tensor-core convolution takes into its gather (`NnConv::pre`), with whether each is folded.
 fn elementwise_chains(
@@ -2007,19 +2016,13 @@ fn residual_pairs_are_planned_for_two_tile_3x3_layers() {
 #[test]
 fn seven_by_seven_kernels_run_tall_blocks() {
     use gsttoonflow::cuda::neural::program::{
-        TC_ROWS, TC_SHARED_OPT_IN, TC_TALL_ROWS, build, conv_shared_bytes_rows,
+        TC_ROWS, TC_SHARED_OPT_IN, TC_TALL_ROWS, conv_shared_bytes_rows,
     };
     let mut models = vec![tiny_16()];
     models.extend(real_tiny());
     for model in &models {
         let spec = model.specialise(1088, 1920).unwrap();
-        let plan = |fusions: Fusions| {
-            let storage = Storage {
-                fusions,
-                ..Storage::uniform(spec.stage_count(), true)
-            };
-            build(&spec, &storage, 0, 0).unwrap()
-        };
+        let plan = |fusions: Fusions| fp16_plan(&spec, fusions);
         let tall = plan(Fusions::ALL);
         let short = plan(Fusions {
             tall_7x7: false,
@@ -2084,7 +2087,7 @@ fn tall_7x7_blocks_keep_the_bits() {
 #[test]
 fn single_buffered_3x3_layers_take_two_rows_a_warp() {
     use gsttoonflow::cuda::neural::program::{
-        MmaGather, TC_ROWS, TC_ROWS_W2, build, conv_shared_bytes_rows,
+        MmaGather, TC_ROWS, TC_ROWS_W2, conv_shared_bytes_rows,
     };
     let mut models = vec![tiny_16()];
     models.extend(real_tiny());
@@ -2094,15 +2097,14 @@ fn single_buffered_3x3_layers_take_two_rows_a_warp() {
         for (w, h) in [(1920, 1088), (640, 368)] {
             let spec = model.specialise(h, w).unwrap();
             let plan = |two_rows: bool| {
-                let storage = Storage {
-                    fusions: Fusions {
+                fp16_plan(
+                    &spec,
+                    Fusions {
                         two_rows,
                         two_rows_wide: false,
                         ..Fusions::ALL
                     },
-                    ..Storage::uniform(spec.stage_count(), true)
-                };
-                build(&spec, &storage, 0, 0).unwrap()
+                )
             };
             let (on, off) = (plan(true), plan(false));
             assert_eq!(on.launches.len(), off.launches.len());
@@ -2197,20 +2199,19 @@ fn two_rows_a_warp_keep_the_bits() {
 #[test]
 fn eight_tile_3x3_layers_take_two_rows_a_warp() {
     use gsttoonflow::cuda::neural::program::{
-        MmaGather, PRE_BYTES, TC_ROWS, TC_ROWS_W2, TC_SHARED_OPT_IN, build, conv_shared_bytes_rows,
+        MmaGather, PRE_BYTES, TC_ROWS, TC_ROWS_W2, TC_SHARED_OPT_IN, conv_shared_bytes_rows,
     };
     let model = hayao_class();
     for (w, h) in [(1920, 1080), (960, 544)] {
         let spec = model.specialise(h, w).unwrap();
         let plan = |two_rows_wide: bool| {
-            let storage = Storage {
-                fusions: Fusions {
+            fp16_plan(
+                &spec,
+                Fusions {
                     two_rows_wide,
                     ..Fusions::ALL
                 },
-                ..Storage::uniform(spec.stage_count(), true)
-            };
-            build(&spec, &storage, 0, 0).unwrap()
+            )
         };
         let (on, off) = (plan(true), plan(false));
         assert_eq!(on.launches.len(), off.launches.len());
@@ -2280,19 +2281,18 @@ fn eight_tile_two_rows_keep_the_bits() {
 /// fragments; no other launch changes; with the switch off none does.
 #[test]
 fn pointwise_layers_stage_their_weights_with_the_tile() {
-    use gsttoonflow::cuda::neural::program::{MmaGather, NnConv, build, conv_shared_bytes};
+    use gsttoonflow::cuda::neural::program::{MmaGather, NnConv, conv_shared_bytes};
     let model = hayao_class();
     for (w, h) in [(1920, 1080), (960, 544)] {
         let spec = model.specialise(h, w).unwrap();
         let plan = |fixed_1x1: bool| {
-            let storage = Storage {
-                fusions: Fusions {
+            fp16_plan(
+                &spec,
+                Fusions {
                     fixed_1x1,
                     ..Fusions::ALL
                 },
-                ..Storage::uniform(spec.stage_count(), true)
-            };
-            build(&spec, &storage, 0, 0).unwrap()
+            )
         };
         let (on, off) = (plan(true), plan(false));
         assert_eq!(on.launches.len(), off.launches.len());
@@ -2356,19 +2356,18 @@ fn the_staged_1x1_keeps_the_bits() {
 /// arena does not grow.
 #[test]
 fn instance_normalizations_read_channels_last_inputs() {
-    use gsttoonflow::cuda::neural::program::{MmaGather, NnNormApply, build};
+    use gsttoonflow::cuda::neural::program::{MmaGather, NnNormApply};
     let model = hayao_class();
     for (w, h) in [(1920, 1080), (960, 544)] {
         let spec = model.specialise(h, w).unwrap();
         let plan = |instance_cl: bool| {
-            let storage = Storage {
-                fusions: Fusions {
+            fp16_plan(
+                &spec,
+                Fusions {
                     instance_cl,
                     ..Fusions::ALL
                 },
-                ..Storage::uniform(spec.stage_count(), true)
-            };
-            build(&spec, &storage, 0, 0).unwrap()
+            )
         };
         let (on, off) = (plan(true), plan(false));
         let planar_wide = |p: &gsttoonflow::cuda::neural::program::Program| {
