@@ -598,16 +598,10 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // time (NnConv::rs_patch): a separate kernel, so that the 3x3 layers without a Resize keep
 // their registers.
 #define NN_GATHER_CL_3X3_RS 7
-// NN_GATHER_CL_3X3 with NN_TC_ROWS_W2 output rows a warp: single-buffered at one or two channel
-// tiles, the tile's halo rows gathered once for twice the outputs and each tile row's A
-// fragments serving both rows (nn_tc_taps_rows); double-buffered at eight, each tap's B
-// fragments loaded once for both rows too (nn_tc_taps_rows_bs). The full-resolution 16-channel layers are bound
-// by the instructions of their gathers (ncu, H100), not by the tensor cores.
-#define NN_GATHER_CL_3X3_W2 8
 // A stride-1 1x1 over a channels-last input, double-buffered (NnConv::stages == 2): the fixed
 // shapes' staging, so that each chunk's B fragments arrive with its tile by cp.async instead of
 // one exposed global load a chunk (the general gather's single tap has nothing to overlap it)
-#define NN_GATHER_CL_1X1 9
+#define NN_GATHER_CL_1X1 8
 
 // The affine part of an elementwise chain (defined with nn_eltwise below): a folded prologue
 // chain (NnConv::pre) takes each gathered value through it.
@@ -654,8 +648,6 @@ template <>
 struct NnFixedShape<NN_GATHER_CL_3X3_S2> : NnShape<3, 3, 1, 1, 2> {};
 template <>
 struct NnFixedShape<NN_GATHER_CL_3X3_RS> : NnShape<3, 3, 1, 1, 1> {};
-template <>
-struct NnFixedShape<NN_GATHER_CL_3X3_W2> : NnShape<3, 3, 1, 1, 1> {};
 template <>
 struct NnFixedShape<NN_GATHER_CL_1X1> : NnShape<1, 1, 1, 1, 1> {};
 // the paired output convolution is 7x7: 4 virtual taps a row, 2 pixels apart
@@ -760,60 +752,6 @@ __device__ __forceinline__ void nn_tc_taps_rows(unsigned int lane_addr, int cols
     }
 }
 
-// A fixed-shape stride-1 block's products for one chunk with RPW output rows a warp, B-stationary:
-// each tap's B fragments are loaded once for all of the warp's rows, and each tile row's A
-// fragments once for every row they reach (held across kernel rows: row ky + w at kernel row ky
-// is row (ky + 1) + (w - 1) at the next). Each row's products run in tap order, as in
-// nn_tc_taps_rows, so its sums are the same.
-template <typename F, int NT, int RPW>
-__device__ __forceinline__ void nn_tc_taps_rows_bs(unsigned int lane_addr, int cols, const uint2* staged_b,
-                                                   float (&acc)[RPW][2][NT][4])
-{
-    // (instantiated for every gather, called only for a fixed stride-1 shape: the array's size
-    // stays positive for the others)
-    unsigned int held[F::kw_v > 0 ? F::kw_v : 1][RPW][2][4];
-#pragma unroll
-    for (int ky = 0; ky < F::kh; ky++) {
-#pragma unroll
-        for (int kx = 0; kx < F::kw_v; kx++) {
-            uint2 b[NT];
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-                b[n] = staged_b[((ky * F::kw_v + kx) * NT + n) * 32];
-#pragma unroll
-            for (int w = 0; w < RPW; w++) {
-                if (ky > 0 && w + 1 < RPW) {
-#pragma unroll
-                    for (int m = 0; m < 2; m++)
-#pragma unroll
-                        for (int q = 0; q < 4; q++)
-                            held[kx][w][m][q] = held[kx][w + 1][m][q];
-                } else {
-                    const unsigned int addr = lane_addr + ((ky + w) * cols + kx * F::dw_v) * NN_TC_PIX * 2;
-#pragma unroll
-                    for (int m = 0; m < 2; m++)
-                        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                                     : "=r"(held[kx][w][m][0]), "=r"(held[kx][w][m][1]), "=r"(held[kx][w][m][2]),
-                                       "=r"(held[kx][w][m][3])
-                                     : "r"(addr + m * 16 * NN_TC_PIX * 2));
-                }
-            }
-#pragma unroll
-            for (int w = 0; w < RPW; w++)
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int m = 0; m < 2; m++)
-                        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                            : "+f"(acc[w][m][n][0]), "+f"(acc[w][m][n][1]), "+f"(acc[w][m][n][2]),
-                              "+f"(acc[w][m][n][3])
-                            : "r"(held[kx][w][m][0]), "r"(held[kx][w][m][1]), "r"(held[kx][w][m][2]),
-                              "r"(held[kx][w][m][3]), "r"(b[n].x), "r"(b[n].y));
-        }
-    }
-}
-
 // The general gather's products for one chunk: the taps in one flat loop over the tile (this
 // lane's ldmatrix address addr), the next tap's B fragments (this lane's from wt, tap_step
 // apart) loaded while this tap's A fragments and products are in flight (the loop is
@@ -882,25 +820,21 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // (nn_tc_taps_rows); the host launches (rows / RPW) warps
     constexpr int RPW = GATHER == NN_GATHER_CL_PAIRED ? NN_TC_PAIRED_ROWS
                         : GATHER == NN_GATHER_TP_7X7  ? NN_TC_STEM_ROWS
-                        : GATHER == NN_GATHER_CL_3X3_W2 ? NN_TC_ROWS_W2
                                                       : 1;
     const int block_rows = (tall ? (int)(blockDim.x >> 5) : NN_TC_ROWS) * RPW;
     // the gathers that read channels-last inputs (nn_tc_fetch_nhwc)
     constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || (fixed && !packed);
     constexpr bool staged_resize = GATHER == NN_GATHER_CL_3X3_RS;
     // a double-buffered block (NnConv::stages, the host sets it only for a direct channels-last
-    // gather, fixed 3x3 (one or two rows a warp), fixed 1x1 or general): chunk kc + 1's tile (and a fixed shape's B fragments) are
-    // copied with cp.async while chunk kc's products run; [B 0][B 1][tile 0][tile 1], then the
-    // table
-    const bool piped = (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_3X3_W2 || GATHER == NN_GATHER_CL_1X1 ||
-                        GATHER == NN_GATHER_CHANNELS_LAST) &&
-                       p->stages == 2;
+    // gather, fixed 3x3, fixed 1x1 or general): chunk kc + 1's tile (and a fixed shape's B
+    // fragments) are copied with cp.async while chunk kc's products run; [B 0][B 1][tile 0]
+    // [tile 1], then the table
+    const bool piped =
+        (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_1X1 || GATHER == NN_GATHER_CHANNELS_LAST) && p->stages == 2;
     // a staged Resize patch double-buffered (NnConv::stages): chunk kc + 1's patch and B
     // fragments copied while chunk kc is blended into the (single) tile and multiplied;
     // [B 0][B 1][tile], the table, then [patch 0][patch 1]
-    const bool two_b =
-        (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_3X3_W2 || GATHER == NN_GATHER_CL_1X1 || staged_resize) &&
-        p->stages == 2;
+    const bool two_b = (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_1X1 || staged_resize) && p->stages == 2;
     // fixed shape: [tap][n][lane] B fragments (256 bytes a tap and tile), then the tile
     constexpr int b_halves = fixed ? F::kh * F::kw_v * NT * 128 : 0;
     extern __shared__ __align__(16) unsigned short smem[];
@@ -1146,9 +1080,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
         }
         __syncthreads();
         const unsigned int addr = lane_addr + (piped ? buf : 0) * npx * NN_TC_PIX * 2;
-        if (fixed && F::s == 1 && RPW > 1 && NT >= 8)
-            nn_tc_taps_rows_bs<F, NT, RPW>(addr, cols, (const uint2*)(smem + buf * b_halves) + lane, acc);
-        else if (fixed)
+        if (fixed)
             nn_tc_taps_rows<F, NT, RPW>(addr, cols, (const uint2*)(smem + buf * b_halves) + lane, acc);
         else
             nn_tc_taps_general<NT>(addr, wf + ((long long)kc * p->n_tiles + nt0) * 32 + lane, taps, kw_v,
@@ -1314,14 +1246,6 @@ extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_tp(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3p(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3, true>(p); }
-// two rows a warp: twice the accumulators, so six blocks a multiprocessor (at most 85 registers;
-// ptxas, sm_90: 80, no spills; held to 64 it spills)
-extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_1_c3w(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3_W2>(p); }
-extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_2_c3w(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_W2>(p); }
-extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 6) nn_conv_mma_hh_2_c3pw(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3_W2, true>(p); }
-// eight tiles, double-buffered, B-stationary (nn_tc_taps_rows_bs): two rows of 64 accumulators a
-// thread, two blocks a multiprocessor
-extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 2) nn_conv_mma_hh_8_c3w(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3_W2>(p); }
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_1X1>(p); }
 // (four tiles: launched double-buffered only, NnConv::stages)
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }

@@ -803,8 +803,8 @@ fn tensor_core_chains_store_channels_last() {
             };
             use MmaGather::{
                 ChannelsLast, ChannelsLast1x1, ChannelsLast3x3, ChannelsLast3x3Residual,
-                ChannelsLast3x3ResidualTwoRows, ChannelsLast3x3Resize, ChannelsLast3x3S2,
-                ChannelsLast3x3TwoRows, ChannelsLastPaired, TapPacked, TapPacked7x7,
+                ChannelsLast3x3Resize, ChannelsLast3x3S2, ChannelsLastPaired, TapPacked,
+                TapPacked7x7,
             };
             let cl_convs = count(&[
                 ChannelsLast,
@@ -813,16 +813,12 @@ fn tensor_core_chains_store_channels_last() {
                 ChannelsLast3x3Resize,
                 ChannelsLast3x3Residual,
                 ChannelsLast3x3S2,
-                ChannelsLast3x3TwoRows,
-                ChannelsLast3x3ResidualTwoRows,
             ]);
             let compiled_3x3 = count(&[
                 ChannelsLast3x3,
                 ChannelsLast3x3Resize,
                 ChannelsLast3x3Residual,
                 ChannelsLast3x3S2,
-                ChannelsLast3x3TwoRows,
-                ChannelsLast3x3ResidualTwoRows,
             ]);
             let packed = count(&[TapPacked, TapPacked7x7]);
             let stem_7x7 = count(&[TapPacked7x7]);
@@ -1986,12 +1982,7 @@ fn residual_pairs_are_planned_for_two_tile_3x3_layers() {
                 .filter(|l| {
                     matches!(
                         l.kernel,
-                        Kernel::ConvMma(
-                            true,
-                            2,
-                            MmaGather::ChannelsLast3x3Residual
-                                | MmaGather::ChannelsLast3x3ResidualTwoRows
-                        )
+                        Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3Residual)
                     )
                 })
                 .count()
@@ -2076,202 +2067,6 @@ fn tall_7x7_blocks_keep_the_bits() {
         ..Fusions::ALL
     };
     fusion_keeps_the_bits_on_photos(short, "tall blocks");
-}
-
-/// The single-buffered 3x3 layers at one or two channel tiles take two output rows a warp
-/// (`Fusions::two_rows`, no GPU needed to plan): on tiny_16 and the real tiny (when here) at
-/// 1920x1088 and 640x368, every such layer has a grid of eight-row blocks and the shared memory
-/// of its taller tile (as `conv_shared_bytes_rows` sizes it; the GPU test below checks the
-/// kernel against it), and among them are layers read through a folded Resize, in bands (whole
-/// blocks each) and at one channel tile; no other launch changes; with the switch off none does.
-#[test]
-fn single_buffered_3x3_layers_take_two_rows_a_warp() {
-    use gsttoonflow::cuda::neural::program::{
-        MmaGather, TC_ROWS, TC_ROWS_W2, conv_shared_bytes_rows,
-    };
-    let mut models = vec![tiny_16()];
-    models.extend(real_tiny());
-    for model in &models {
-        // launches taking two rows: through a folded Resize, in bands, at one channel tile
-        let (mut resized, mut banded, mut one_tile) = (0, 0, 0);
-        for (w, h) in [(1920, 1088), (640, 368)] {
-            let spec = model.specialise(h, w).unwrap();
-            let plan = |two_rows: bool| {
-                fp16_plan(
-                    &spec,
-                    Fusions {
-                        two_rows,
-                        two_rows_wide: false,
-                        ..Fusions::ALL
-                    },
-                )
-            };
-            let (on, off) = (plan(true), plan(false));
-            assert_eq!(on.launches.len(), off.launches.len());
-            let mut two_row_launches = 0;
-            for (a, b) in on.launches.iter().zip(&off.launches) {
-                let one_row = match (a.kernel, b.kernel) {
-                    (
-                        Kernel::ConvMma(_, nt, MmaGather::ChannelsLast3x3TwoRows),
-                        Kernel::ConvMma(_, nb, MmaGather::ChannelsLast3x3),
-                    ) => nt == nb,
-                    (
-                        Kernel::ConvMma(_, nt, MmaGather::ChannelsLast3x3ResidualTwoRows),
-                        Kernel::ConvMma(_, nb, MmaGather::ChannelsLast3x3Residual),
-                    ) => nt == nb,
-                    _ => {
-                        assert_eq!(a.kernel, b.kernel);
-                        assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
-                        false
-                    }
-                };
-                if !one_row {
-                    continue;
-                }
-                two_row_launches += 1;
-                let Kernel::ConvMma(_, nt, gather) = a.kernel else {
-                    unreachable!()
-                };
-                let c: gsttoonflow::cuda::neural::program::NnConv = params(&on, a);
-                let rows = TC_ROWS * TC_ROWS_W2;
-                assert_eq!(c.stages, 1, "{}: {:?}", model.name(), a.kernel);
-                assert_eq!((a.block, a.grid.0), (b.block, b.grid.0));
-                assert_eq!(a.grid.1, b.grid.1.div_ceil(2));
-                assert_eq!(a.shared, conv_shared_bytes_rows(gather, nt, &c, rows));
-                assert!(a.shared > b.shared);
-                // a band's rows are whole blocks of the taller ones
-                assert!(
-                    (c.row0 as u32).is_multiple_of(rows),
-                    "{}: band at row {}",
-                    model.name(),
-                    c.row0
-                );
-                let band = on.launches.iter().filter(|l| l.stage == a.stage).count() > 1;
-                resized += (c.rs_taps != 0) as usize;
-                banded += band as usize;
-                one_tile += (nt == 1) as usize;
-            }
-            println!(
-                "{} {w}x{h}: {two_row_launches} two-row 3x3 launches",
-                model.name()
-            );
-            assert!(two_row_launches >= 4, "{} {w}x{h}", model.name());
-            assert!(!off.launches.iter().any(|l| matches!(
-                l.kernel,
-                Kernel::ConvMma(
-                    _,
-                    _,
-                    MmaGather::ChannelsLast3x3TwoRows | MmaGather::ChannelsLast3x3ResidualTwoRows
-                )
-            )));
-        }
-        println!(
-            "{}: {resized} through a folded Resize, {banded} in bands, {one_tile} at one tile",
-            model.name()
-        );
-        assert!(
-            resized >= 1 && banded >= 1 && one_tile >= 1,
-            "{}",
-            model.name()
-        );
-    }
-}
-
-/// Two output rows a warp compute each output as one row a warp does, the same taps in the
-/// same order (`nn_tc_taps_rows`): the same bits, on tiny_16 and the real tiny (when here) at
-/// 1920x1088 (its last full-resolution 3x3 in bands) and 640x368.
-#[test]
-fn two_rows_a_warp_keep_the_bits() {
-    need_gpu!();
-    let one_row = Fusions {
-        two_rows: false,
-        ..Fusions::ALL
-    };
-    fusion_keeps_the_bits_on_photos(one_row, "two rows a warp");
-}
-
-/// The double-buffered 3x3 layers at eight channel tiles take two output rows a warp
-/// (`Fusions::two_rows_wide`, no GPU needed to plan): on hayao_class at 1920x1080 and 960x544
-/// (its 64- and 128-channel 3x3 layers), each such layer keeps its double buffering, has a
-/// grid of eight-row blocks and the shared memory of its taller tiles, within the opt-in
-/// bound with room for a prologue chain; no other launch changes; with the switch off none
-/// does.
-#[test]
-fn eight_tile_3x3_layers_take_two_rows_a_warp() {
-    use gsttoonflow::cuda::neural::program::{
-        MmaGather, PRE_BYTES, TC_ROWS, TC_ROWS_W2, TC_SHARED_OPT_IN, conv_shared_bytes_rows,
-    };
-    let model = hayao_class();
-    for (w, h) in [(1920, 1080), (960, 544)] {
-        let spec = model.specialise(h, w).unwrap();
-        let plan = |two_rows_wide: bool| {
-            fp16_plan(
-                &spec,
-                Fusions {
-                    two_rows_wide,
-                    ..Fusions::ALL
-                },
-            )
-        };
-        let (on, off) = (plan(true), plan(false));
-        assert_eq!(on.launches.len(), off.launches.len());
-        let mut wide = 0;
-        for (a, b) in on.launches.iter().zip(&off.launches) {
-            match (a.kernel, b.kernel) {
-                (
-                    Kernel::ConvMma(_, 8, MmaGather::ChannelsLast3x3TwoRows),
-                    Kernel::ConvMma(_, 8, MmaGather::ChannelsLast3x3),
-                ) => {}
-                _ => {
-                    assert_eq!(a.kernel, b.kernel);
-                    assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
-                    continue;
-                }
-            }
-            wide += 1;
-            let c: gsttoonflow::cuda::neural::program::NnConv = params(&on, a);
-            let d: gsttoonflow::cuda::neural::program::NnConv = params(&off, b);
-            assert_eq!((c.stages, d.stages), (2, 2), "{w}x{h}: stage {}", a.stage);
-            assert_eq!((a.block, a.grid.0, a.grid.2), (b.block, b.grid.0, b.grid.2));
-            assert_eq!(a.grid.1, b.grid.1.div_ceil(2));
-            let rows = TC_ROWS * TC_ROWS_W2;
-            assert_eq!(
-                a.shared,
-                conv_shared_bytes_rows(MmaGather::ChannelsLast3x3TwoRows, 8, &c, rows)
-            );
-            assert!(a.shared > b.shared && a.shared + PRE_BYTES <= TC_SHARED_OPT_IN);
-        }
-        println!("hayao_class {w}x{h}: {wide} eight-tile two-row 3x3 launches");
-        assert!(wide >= 3, "hayao_class {w}x{h}: {wide}");
-        assert!(!off.launches.iter().any(|l| matches!(
-            l.kernel,
-            Kernel::ConvMma(_, 8, MmaGather::ChannelsLast3x3TwoRows)
-        )));
-    }
-}
-
-/// The eight-tile two-row kernel (B-stationary, `nn_tc_taps_rows_bs`) computes each output as
-/// the one-row kernel does, the same taps in the same order: the same bits, on hayao_class at
-/// 1920x1080 and 960x544 (a photo).
-#[test]
-fn eight_tile_two_rows_keep_the_bits() {
-    need_gpu!();
-    let model = hayao_class();
-    let one_row = Fusions {
-        two_rows_wide: false,
-        ..Fusions::ALL
-    };
-    for (w, h) in [(1920, 1080), (960, 544)] {
-        let input = photo_tensor(&model, "chelsea.png", w, h);
-        let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
-        let (a, b) = run_with_and_without(&spec, &input, one_row);
-        println!("hayao_class {w}x{h}: {} values", a.data.len());
-        assert_same_bits(
-            &a,
-            &b,
-            &format!("hayao_class {w}x{h}: eight-tile two rows a warp"),
-        );
-    }
 }
 
 /// The double-buffered 1x1 layers over channels-last inputs at eight channel tiles take the
@@ -2435,9 +2230,9 @@ fn channels_last_instance_inputs_keep_the_picture() {
 }
 
 /// The shared-memory kernels of the eight-tile layers at about the smallest size that takes
-/// them (for compute-sanitizer racecheck): hayao_class at 1024x256 takes the B-stationary two-row
-/// 3x3, the staged 1x1 and the channels-last instance normalization; each switched off keeps
-/// the bits (the first two) or 50 dB (the third), and all of them 40 dB against the CPU
+/// them (for compute-sanitizer racecheck): hayao_class at 1024x256 takes the double-buffered
+/// eight-tile 3x3, the staged 1x1 and the channels-last instance normalization; the second
+/// switched off keeps the bits, the third 50 dB, and all of them 40 dB against the CPU
 /// reference on a photo.
 #[test]
 fn eight_tile_kernels_at_a_small_size() {
@@ -2449,7 +2244,7 @@ fn eight_tile_kernels_at_a_small_size() {
     let all = gpu_with(&spec, true, false, true, Fusions::ALL);
     let kernels: Vec<Kernel> = all.program().launches.iter().map(|l| l.kernel).collect();
     for k in [
-        Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3TwoRows),
+        Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3),
         Kernel::ConvMma(true, 8, MmaGather::ChannelsLast1x1),
         Kernel::NormApply,
     ] {
@@ -2464,13 +2259,6 @@ fn eight_tile_kernels_at_a_small_size() {
     println!("hayao_class 1024x256: {p:.1} dB against the CPU reference");
     assert!(p >= 40.0, "{p:.1} dB");
     for (off, same_bits) in [
-        (
-            Fusions {
-                two_rows_wide: false,
-                ..Fusions::ALL
-            },
-            true,
-        ),
         (
             Fusions {
                 fixed_1x1: false,

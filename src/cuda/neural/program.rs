@@ -37,8 +37,6 @@ pub const TC_TALL_ROWS: u32 = 8;
 /// (`MmaGather::rows_per_warp`).
 pub const TC_PAIRED_ROWS: u32 = 2;
 pub const TC_STEM_ROWS: u32 = 2;
-/// Output rows a warp of the two-row 3x3 kernels (`MmaGather::ChannelsLast3x3TwoRows`).
-pub const TC_ROWS_W2: u32 = 2;
 pub const TC_COLS: u32 = 32;
 pub const MMA_NT: u32 = 8;
 /// Blocks below which a tensor-core launch splits its output channels over more blocks (about
@@ -92,7 +90,7 @@ pub const EW_LAST_MAX: usize = 256;
 /// most (`prologue_chain`: the coefficients of all of them in shared memory, after the table).
 pub const PRE_MAX: usize = 64;
 /// The shared memory those coefficients take (a and b per channel, f32).
-pub const PRE_BYTES: u32 = (2 * PRE_MAX * 4) as u32;
+const PRE_BYTES: u32 = (2 * PRE_MAX * 4) as u32;
 /// Blocks of a per-last-axis affine launch at most (about eight resident a multiprocessor on
 /// the large cards; each block pays for its coefficients once, then loops).
 pub const EW_LAST_BLOCKS: u32 = 1024;
@@ -414,7 +412,6 @@ pub fn header() -> String {
         Define::int("NN_TC_TALL_ROWS", TC_TALL_ROWS as i64),
         Define::int("NN_TC_PAIRED_ROWS", TC_PAIRED_ROWS as i64),
         Define::int("NN_TC_STEM_ROWS", TC_STEM_ROWS as i64),
-        Define::int("NN_TC_ROWS_W2", TC_ROWS_W2 as i64),
         Define::int("NN_TC_COLS", TC_COLS as i64),
         Define::int("NN_EW_VEC", EW_VEC as i64),
         Define::int("NN_GRAM_THREADS", GRAM_THREADS as i64),
@@ -499,14 +496,6 @@ pub enum MmaGather {
     /// a channels-last fp16 output of even channels: the epilogue reads the addend and writes
     /// the sum a channel pair at a time (`fixed_shape_matches`).
     ChannelsLast3x3Residual,
-    /// As `ChannelsLast3x3` with `TC_ROWS_W2` output rows a warp: single-buffered at one or two
-    /// channel tiles (`Fusions::two_rows`), the tile's two halo rows gathered once for eight
-    /// output rows, not four, and each tile row's A fragments serving both of a warp's rows;
-    /// double-buffered at eight (`Fusions::two_rows_wide`), each tap's B fragments loaded once
-    /// for both rows too.
-    ChannelsLast3x3TwoRows,
-    /// `ChannelsLast3x3Residual` with `TC_ROWS_W2` output rows a warp.
-    ChannelsLast3x3ResidualTwoRows,
     /// A stride-1 1x1 over a channels-last input at eight channel tiles, double-buffered with
     /// the fixed shapes' staging: each chunk's B fragments are copied with its tile instead of
     /// loaded once a chunk with nothing to hide the load behind. `Fusions::fixed_1x1`.
@@ -524,9 +513,7 @@ impl MmaGather {
             MmaGather::ChannelsLast3x3
             | MmaGather::ChannelsLast3x3S2
             | MmaGather::ChannelsLast3x3Resize
-            | MmaGather::ChannelsLast3x3Residual
-            | MmaGather::ChannelsLast3x3TwoRows
-            | MmaGather::ChannelsLast3x3ResidualTwoRows => 9,
+            | MmaGather::ChannelsLast3x3Residual => 9,
             MmaGather::ChannelsLast1x1 => 1,
             MmaGather::TapPacked7x7 => 7 * 2,
             MmaGather::ChannelsLastPaired => 7 * 4,
@@ -541,9 +528,6 @@ impl MmaGather {
         match self {
             MmaGather::ChannelsLastPaired => TC_PAIRED_ROWS,
             MmaGather::TapPacked7x7 => TC_STEM_ROWS,
-            MmaGather::ChannelsLast3x3TwoRows | MmaGather::ChannelsLast3x3ResidualTwoRows => {
-                TC_ROWS_W2
-            }
             _ => 1,
         }
     }
@@ -580,7 +564,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 51;
+    pub const COUNT: usize = 47;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -620,12 +604,8 @@ impl Kernel {
         all[n + 6] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3);
         all[n + 7] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3Resize);
         all[n + 8] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3Residual);
-        all[n + 9] = Kernel::ConvMma(true, 1, MmaGather::ChannelsLast3x3TwoRows);
-        all[n + 10] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3TwoRows);
-        all[n + 11] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3ResidualTwoRows);
-        all[n + 12] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3TwoRows);
-        all[n + 13] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast1x1);
-        n += 14;
+        all[n + 9] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast1x1);
+        n += 10;
         let mut t = 0;
         while t < 3 {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked7x7);
@@ -690,13 +670,7 @@ impl Kernel {
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Residual) => "nn_conv_mma_hh_2_c3p",
-            Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_1_c3w",
-            Kernel::ConvMma(_, 2, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_2_c3w",
-            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3TwoRows) => "nn_conv_mma_hh_8_c3w",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast1x1) => "nn_conv_mma_hh_8_c1",
-            Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3ResidualTwoRows) => {
-                "nn_conv_mma_hh_2_c3pw"
-            }
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_4_c3r",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_8_c3r",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_1_c3s2",
@@ -848,13 +822,6 @@ pub struct Fusions {
     /// computed by the Gram launch's last block instead of a launch each (`stat_chains`).
     /// `TOONFLOW_NEURAL_STAT_CHAINS=0` turns it off.
     pub stat_chains: bool,
-    /// The single-buffered 3x3 kernels at one or two channel tiles take two output rows a warp
-    /// (`MmaGather::ChannelsLast3x3TwoRows`). `TOONFLOW_NEURAL_TWO_ROWS=0` turns it off.
-    pub two_rows: bool,
-    /// The double-buffered 3x3 kernel at eight channel tiles takes two output rows a warp too,
-    /// each tap's B fragments loaded once for both (`nn_tc_taps_rows_bs`): the eight-tile layers
-    /// read shared memory for every product. `TOONFLOW_NEURAL_TWO_ROWS_8=0` turns it off.
-    pub two_rows_wide: bool,
     /// The double-buffered stride-1 1x1 over channels-last inputs at eight channel tiles takes
     /// the fixed shapes' staging (`MmaGather::ChannelsLast1x1`). `TOONFLOW_NEURAL_1X1=0` turns
     /// it off.
@@ -881,8 +848,6 @@ impl Fusions {
         tall_7x7: true,
         half_input: true,
         stat_chains: true,
-        two_rows: true,
-        two_rows_wide: true,
         fixed_1x1: true,
         instance_cl: true,
     };
@@ -901,8 +866,6 @@ impl Fusions {
         tall_7x7: false,
         half_input: false,
         stat_chains: false,
-        two_rows: false,
-        two_rows_wide: false,
         fixed_1x1: false,
         instance_cl: false,
     };
@@ -935,8 +898,6 @@ impl Fusions {
             tall_7x7: switch("TOONFLOW_NEURAL_TALL", true),
             half_input: switch("TOONFLOW_NEURAL_HALF_INPUT", true),
             stat_chains: switch("TOONFLOW_NEURAL_STAT_CHAINS", true),
-            two_rows: switch("TOONFLOW_NEURAL_TWO_ROWS", true),
-            two_rows_wide: switch("TOONFLOW_NEURAL_TWO_ROWS_8", true),
             fixed_1x1: switch("TOONFLOW_NEURAL_1X1", true),
             instance_cl: switch("TOONFLOW_NEURAL_INSTANCE_CL", true),
         }
@@ -1286,8 +1247,7 @@ pub const TC_SHARED_OPT_IN: u32 = 96 * 1024;
 
 /// Shared memory a multiprocessor needs for the double-buffered gathers (`Fusions::pipelined`,
 /// `pipelined_general`) to be used: three of the largest blocks (about 60 KiB each) with their
-/// reserve (the eight-tile two-row 3x3's blocks take about 70 KiB, but its registers allow two
-/// a multiprocessor). The H100 / H200 (228 KiB), where they were measured, have it; the A100 (164 KiB)
+/// reserve. The H100 / H200 (228 KiB), where they were measured, have it; the A100 (164 KiB)
 /// would fit two, sm_86, sm_89 and sm_120 (100 KiB) one, so those keep the single-buffered
 /// gathers.
 pub const PIPELINE_MIN_SHARED_PER_SM: u32 = 3 * (60 + 1) * 1024;
@@ -1315,7 +1275,6 @@ fn prologue_chain(
         gather,
         MmaGather::ChannelsLast
             | MmaGather::ChannelsLast3x3
-            | MmaGather::ChannelsLast3x3TwoRows
             | MmaGather::ChannelsLast3x3S2
             | MmaGather::ChannelsLast1x1
             | MmaGather::ChannelsLastPaired
@@ -1374,7 +1333,7 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
         MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 2,
         MmaGather::ChannelsLast1x1 => shape == (1, 1, 1, 1, 1, 1, 1) && nt == 8 && p.stages == 2,
         // ncu, H100: the real tiny's Resize convolutions at two tiles 177 -> 158 and 70 -> 66 µs
-        MmaGather::ChannelsLast3x3Residual | MmaGather::ChannelsLast3x3ResidualTwoRows => {
+        MmaGather::ChannelsLast3x3Residual => {
             shape == (3, 3, 1, 1, 1, 1, 1)
                 && nt == 2
                 && p.stages == 1
@@ -1382,12 +1341,6 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
                 && p.res_half != 0
                 && p.y_cs == 1
                 && p.cout % 2 == 0
-        }
-        // single-buffered at one or two tiles; at eight double-buffered and B-stationary
-        // (`Fusions::two_rows_wide`)
-        MmaGather::ChannelsLast3x3TwoRows => {
-            shape == (3, 3, 1, 1, 1, 1, 1)
-                && ((nt <= 2 && p.stages == 1) || (nt == 8 && p.stages == 2))
         }
         MmaGather::ChannelsLast3x3Resize => {
             // the patch sits where a prologue chain's coefficients would: never both; at four
@@ -3235,34 +3188,6 @@ fn build_program(
                             MmaGather::ChannelsLast3x3Residual
                         }
                         g => g,
-                    };
-                    // two output rows a warp, where a band's rows stay whole blocks of them
-                    let whole_bands = bands
-                        .iter()
-                        .find(|b| b.stage == i)
-                        .is_none_or(|b| b.rows.is_multiple_of(TC_ROWS * TC_ROWS_W2));
-                    let two_rows = match gather {
-                        MmaGather::ChannelsLast3x3 => MmaGather::ChannelsLast3x3TwoRows,
-                        MmaGather::ChannelsLast3x3Residual => {
-                            MmaGather::ChannelsLast3x3ResidualTwoRows
-                        }
-                        g => g,
-                    };
-                    let wide_ok = if p.stages == 2 {
-                        storage.fusions.two_rows_wide
-                            && conv_shared_bytes(two_rows, nt as u8, &p) + PRE_BYTES
-                                <= TC_SHARED_OPT_IN
-                    } else {
-                        storage.fusions.two_rows
-                    };
-                    let gather = if wide_ok
-                        && two_rows != gather
-                        && whole_bands
-                        && fixed_shape_matches(two_rows, &p, nt as u8)
-                    {
-                        two_rows
-                    } else {
-                        gather
                     };
                     let kernel = Kernel::ConvMma(y.half, nt as u8, gather);
                     let gz = (n_tiles as u32).div_ceil(nt);
