@@ -661,9 +661,11 @@ struct NnFixedShape<NN_GATHER_TP_7X7> : NnShape<7, 2, 4, 4, 1> {};
 #define NN_TC_BOUNDS(NT) __launch_bounds__(32 * NN_TC_ROWS, (NT) <= 2 ? 8 : 1)
 // The 7x7 kernels run NN_TC_ROWS or NN_TC_TALL_ROWS warps a block, held to the same registers.
 #define NN_TC_TALL_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 8 * NN_TC_ROWS / NN_TC_TALL_ROWS : 1)
-// The stem's warps hold NN_TC_STEM_ROWS rows of accumulators: three blocks a multiprocessor
-// (its tile's shared memory allows no more), 85 registers, no spills
-#define NN_TC_STEM_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 3 : 1)
+// The stem's warps hold NN_TC_STEM_ROWS rows of accumulators: at one or two tiles three blocks
+// a multiprocessor (its tile's shared memory allows no more), 85 registers, no spills; at four
+// two blocks (ptxas, sm_90: 128 registers and 24 bytes of spill; unbounded, 148 registers left
+// one block a multiprocessor, and hayao_class ran 5 % slower at 1080p on an H100)
+#define NN_TC_STEM_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 3 : 2)
 
 // One 16-byte cp.async (global -> shared, cached in L2 only: a tile pixel is read again by the
 // neighbouring blocks, not by this one).
