@@ -505,6 +505,13 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
     // the network's input straight from the frame's NV12 planes (NnConv::frame; 3 channels,
     // so the narrow slots): the value nf_nv12_to_tensor would have stored in fp16
     const NfFrame* __restrict__ frame = (const NfFrame*)p->frame;
+    NfRgbConstants k = {};
+    int scaled_w = 0, scaled_h = 0;
+    if (frame) {
+        k = nf_rgb_constants(frame);
+        scaled_w = frame->scaled_w;
+        scaled_h = frame->scaled_h;
+    }
     for (int se = threadIdx.x; se < rows * scols; se += blockDim.x) {
         // a fixed shape's separable table (nn_tc_axis_source), else the full one
         const int2 at = axis_source ? nn_tc_combine(axis_source[se / scols], axis_source[rows + se % scols])
@@ -515,10 +522,10 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
             if (at.x >= 0) {
                 // the input's reflect padding to the network's size, as the conversion pads
                 float rgb[3];
-                nf_pixel_rgb(frame, nf_reflect(at.y, frame->scaled_w), nf_reflect(at.x, frame->scaled_h), rgb);
+                nf_pixel_rgb(k, nf_reflect(at.y, scaled_w), nf_reflect(at.x, scaled_h), rgb);
 #pragma unroll
                 for (int c = 0; c < 3; c++)
-                    h[c] = float_to_half_bits(nf_input_value(frame, rgb[c]));
+                    h[c] = float_to_half_bits(nf_input_value(k, rgb[c]));
             } else if (at.x != -1) { // the Pad's fill (-1: zero padding)
                 h[0] = h[1] = h[2] = fill_bits;
             }
@@ -591,6 +598,10 @@ __device__ __forceinline__ void nn_tc_gather_packed(const NnConv* __restrict__ p
 // time (NnConv::rs_patch): a separate kernel, so that the 3x3 layers without a Resize keep
 // their registers.
 #define NN_GATHER_CL_3X3_RS 7
+// A stride-1 1x1 over a channels-last input, double-buffered (NnConv::stages == 2): the fixed
+// shapes' staging, so that each chunk's B fragments arrive with its tile by cp.async instead of
+// one exposed global load a chunk (the general gather's single tap has nothing to overlap it)
+#define NN_GATHER_CL_1X1 8
 
 // The affine part of an elementwise chain (defined with nn_eltwise below): a folded prologue
 // chain (NnConv::pre) takes each gathered value through it.
@@ -637,6 +648,8 @@ template <>
 struct NnFixedShape<NN_GATHER_CL_3X3_S2> : NnShape<3, 3, 1, 1, 2> {};
 template <>
 struct NnFixedShape<NN_GATHER_CL_3X3_RS> : NnShape<3, 3, 1, 1, 1> {};
+template <>
+struct NnFixedShape<NN_GATHER_CL_1X1> : NnShape<1, 1, 1, 1, 1> {};
 // the paired output convolution is 7x7: 4 virtual taps a row, 2 pixels apart
 template <>
 struct NnFixedShape<NN_GATHER_CL_PAIRED> : NnShape<7, 4, 2, 1, 1> {};
@@ -648,9 +661,11 @@ struct NnFixedShape<NN_GATHER_TP_7X7> : NnShape<7, 2, 4, 4, 1> {};
 #define NN_TC_BOUNDS(NT) __launch_bounds__(32 * NN_TC_ROWS, (NT) <= 2 ? 8 : 1)
 // The 7x7 kernels run NN_TC_ROWS or NN_TC_TALL_ROWS warps a block, held to the same registers.
 #define NN_TC_TALL_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 8 * NN_TC_ROWS / NN_TC_TALL_ROWS : 1)
-// The stem's warps hold NN_TC_STEM_ROWS rows of accumulators: three blocks a multiprocessor
-// (its tile's shared memory allows no more), 85 registers, no spills
-#define NN_TC_STEM_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 3 : 1)
+// The stem's warps hold NN_TC_STEM_ROWS rows of accumulators: at one or two tiles three blocks
+// a multiprocessor (its tile's shared memory allows no more), 85 registers, no spills; at four
+// two blocks (ptxas, sm_90: 128 registers and 24 bytes of spill; unbounded, 148 registers left
+// one block a multiprocessor, and hayao_class ran 5 % slower at 1080p on an H100)
+#define NN_TC_STEM_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 3 : 2)
 
 // One 16-byte cp.async (global -> shared, cached in L2 only: a tile pixel is read again by the
 // neighbouring blocks, not by this one).
@@ -813,14 +828,15 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     constexpr bool cl_gather = GATHER == NN_GATHER_CHANNELS_LAST || (fixed && !packed);
     constexpr bool staged_resize = GATHER == NN_GATHER_CL_3X3_RS;
     // a double-buffered block (NnConv::stages, the host sets it only for a direct channels-last
-    // gather, fixed 3x3 or general): chunk kc + 1's tile (and a fixed shape's B fragments) are
-    // copied with cp.async while chunk kc's products run; [B 0][B 1][tile 0][tile 1], then the
-    // table
-    const bool piped = (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CHANNELS_LAST) && p->stages == 2;
+    // gather, fixed 3x3, fixed 1x1 or general): chunk kc + 1's tile (and a fixed shape's B
+    // fragments) are copied with cp.async while chunk kc's products run; [B 0][B 1][tile 0]
+    // [tile 1], then the table
+    const bool piped =
+        (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_1X1 || GATHER == NN_GATHER_CHANNELS_LAST) && p->stages == 2;
     // a staged Resize patch double-buffered (NnConv::stages): chunk kc + 1's patch and B
     // fragments copied while chunk kc is blended into the (single) tile and multiplied;
     // [B 0][B 1][tile], the table, then [patch 0][patch 1]
-    const bool two_b = (GATHER == NN_GATHER_CL_3X3 || staged_resize) && p->stages == 2;
+    const bool two_b = (GATHER == NN_GATHER_CL_3X3 || GATHER == NN_GATHER_CL_1X1 || staged_resize) && p->stages == 2;
     // fixed shape: [tap][n][lane] B fragments (256 bytes a tap and tile), then the tile
     constexpr int b_halves = fixed ? F::kh * F::kw_v * NT * 128 : 0;
     extern __shared__ __align__(16) unsigned short smem[];
@@ -1232,6 +1248,7 @@ extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_tp(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3p(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3, true>(p); }
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_1X1>(p); }
 // (four tiles: launched double-buffered only, NnConv::stages)
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
 // (eight tiles at 128 registers, 4 blocks a multiprocessor: it fits without spills, 142 unbounded)
@@ -1749,14 +1766,18 @@ extern "C" __global__ void nn_norm_apply(const NnNormApply* __restrict__ p)
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
         // the channel by a 32-bit division when the index allows (hw < 2^31 always); a
-        // channels-last output runs over its own order and reads x's planes across
+        // channels-last output runs over its own order and reads an NCHW x's planes across,
+        // an NCHW output reads a channels-last x's pixels across
         int c;
         long long xi = i;
         if (p->y_cl) {
             c = (int)(i % p->y_cl);
-            xi = (long long)c * p->hw + i / p->y_cl;
+            if (!p->x_cl)
+                xi = (long long)c * p->hw + i / p->y_cl;
         } else {
             c = i < 2147483647ll ? (int)((unsigned int)i / (unsigned int)p->hw) : (int)(i / p->hw);
+            if (p->x_cl)
+                xi = (i - (long long)c * p->hw) * p->x_cl + c;
         }
         float m = ((const float*)p->mean)[c];
         float v = ((const float*)p->var)[c];

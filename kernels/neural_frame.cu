@@ -154,15 +154,16 @@ extern "C" __global__ void nf_nv12_to_tensor(const NfFrame* p)
         return;
     const int sx = nf_reflect(px, p->scaled_w), sy = nf_reflect(py, p->scaled_h);
     float rgb[3];
+    const NfRgbConstants k = nf_rgb_constants(p);
     if (nf_scaled(p))
         nf_resample((const NfTaps*)p->down_x, (const NfTaps*)p->down_y, sx, sy,
-                    [p](int x, int y, float v[3]) { nf_pixel_rgb(p, x, y, v); }, rgb);
+                    [&k](int x, int y, float v[3]) { nf_pixel_rgb(k, x, y, v); }, rgb);
     else
-        nf_pixel_rgb(p, sx, sy, rgb);
+        nf_pixel_rgb(k, sx, sy, rgb);
     const long long plane = (long long)p->net_w * p->net_h;
     const long long at = (long long)py * p->net_w + px;
     for (int c = 0; c < 3; c++) {
-        const float v = nf_input_value(p, rgb[c]);
+        const float v = nf_input_value(k, rgb[c]);
         const long long i = p->nchw ? c * plane + at : at * 3 + c;
         if (p->in_half) // rounded as the convolution that reads it would round it
             ((unsigned short*)p->tensor_in)[i] = float_to_half_bits(v);

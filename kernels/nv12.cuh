@@ -41,9 +41,9 @@ __device__ __forceinline__ float nf_near(float a, float b, float centre)
 // Chroma of pixel (x, y) in codes minus 128, Cb and Cr together (they are interleaved, so
 // each read is one 2-byte load), as nv12_to_rgb makes them: centred bilinear plus the block
 // correction of its 2x2 block; each channel's arithmetic in the reference's order.
-__device__ void nf_chroma(const NfFrame* p, const unsigned char* uv, int x, int y, float out[2])
+__device__ void nf_chroma(int w, int h, const unsigned char* uv, int x, int y, float out[2])
 {
-    const int w = p->width, cw = w / 2, ch = p->height / 2;
+    const int cw = w / 2, ch = h / 2;
     const int cy = y / 2, c = x / 2, nb = nf_chroma_neighbour(x, cw);
     const uchar2* here = (const uchar2*)(uv + (long long)cy * w);
     const uchar2* above = (const uchar2*)(uv + (long long)max(cy - 1, 0) * w);
@@ -71,26 +71,51 @@ __device__ void nf_chroma(const NfFrame* p, const unsigned char* uv, int x, int 
     out[1] = __fadd_rn(nf_near(near_c1, near_n1, 0.0f), res1);
 }
 
-// Nominal RGB of frame pixel (x, y), as nv12_to_rgb makes it (not clamped).
-__device__ void nf_pixel_rgb(const NfFrame* p, int x, int y, float rgb[3])
+// What nf_pixel_rgb and nf_input_value take from the frame's block, its reciprocals and
+// coefficients worked out once (the stem's gather converts hundreds of pixels a block, and
+// each of those divisions is an IEEE one); the same operations, so the same bits.
+struct NfRgbConstants {
+    const unsigned char* luma;
+    const unsigned char* uv;
+    int width, height;
+    float y_offset, y_inv, c_inv, kr, kb, kg, r_of_pr, b_of_pb, v_scale, v_offset;
+};
+
+__device__ __forceinline__ NfRgbConstants nf_rgb_constants(const NfFrame* p)
 {
-    const unsigned char* luma = (const unsigned char*)p->nv12_in;
-    const unsigned char* uv = luma + (long long)p->width * p->height;
-    const float c_inv = __fdiv_rn(1.0f, p->c_scale);
-    const float yn =
-        __fmul_rn(__fsub_rn((float)luma[(long long)y * p->width + x], p->y_offset), __fdiv_rn(1.0f, p->y_scale));
+    NfRgbConstants k;
+    k.luma = (const unsigned char*)p->nv12_in;
+    k.uv = k.luma + (long long)p->width * p->height;
+    k.width = p->width;
+    k.height = p->height;
+    k.y_offset = p->y_offset;
+    k.y_inv = __fdiv_rn(1.0f, p->y_scale);
+    k.c_inv = __fdiv_rn(1.0f, p->c_scale);
+    k.kr = p->kr;
+    k.kb = p->kb;
+    k.kg = __fsub_rn(__fsub_rn(1.0f, k.kr), k.kb);
+    k.r_of_pr = __fmul_rn(2.0f, __fsub_rn(1.0f, k.kr));
+    k.b_of_pb = __fmul_rn(2.0f, __fsub_rn(1.0f, k.kb));
+    k.v_scale = p->v_scale;
+    k.v_offset = p->v_offset;
+    return k;
+}
+
+// Nominal RGB of frame pixel (x, y), as nv12_to_rgb makes it (not clamped).
+__device__ __forceinline__ void nf_pixel_rgb(const NfRgbConstants& k, int x, int y, float rgb[3])
+{
+    const float yn = __fmul_rn(__fsub_rn((float)k.luma[(long long)y * k.width + x], k.y_offset), k.y_inv);
     float cbcr[2];
-    nf_chroma(p, uv, x, y, cbcr);
-    const float pb = __fmul_rn(cbcr[0], c_inv);
-    const float pr = __fmul_rn(cbcr[1], c_inv);
-    const float kr = p->kr, kb = p->kb, kg = __fsub_rn(__fsub_rn(1.0f, kr), kb);
-    rgb[0] = __fadd_rn(yn, __fmul_rn(__fmul_rn(2.0f, __fsub_rn(1.0f, kr)), pr));
-    rgb[2] = __fadd_rn(yn, __fmul_rn(__fmul_rn(2.0f, __fsub_rn(1.0f, kb)), pb));
-    rgb[1] = __fdiv_rn(__fsub_rn(__fsub_rn(yn, __fmul_rn(kr, rgb[0])), __fmul_rn(kb, rgb[2])), kg);
+    nf_chroma(k.width, k.height, k.uv, x, y, cbcr);
+    const float pb = __fmul_rn(cbcr[0], k.c_inv);
+    const float pr = __fmul_rn(cbcr[1], k.c_inv);
+    rgb[0] = __fadd_rn(yn, __fmul_rn(k.r_of_pr, pr));
+    rgb[2] = __fadd_rn(yn, __fmul_rn(k.b_of_pb, pb));
+    rgb[1] = __fdiv_rn(__fsub_rn(__fsub_rn(yn, __fmul_rn(k.kr, rgb[0])), __fmul_rn(k.kb, rgb[2])), k.kg);
 }
 
 // The network's input value of nominal value x: x v_scale + v_offset.
-__device__ __forceinline__ float nf_input_value(const NfFrame* p, float x)
+__device__ __forceinline__ float nf_input_value(const NfRgbConstants& k, float x)
 {
-    return __fadd_rn(__fmul_rn(x, p->v_scale), p->v_offset);
+    return __fadd_rn(__fmul_rn(x, k.v_scale), k.v_offset);
 }

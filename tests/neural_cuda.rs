@@ -146,6 +146,15 @@ fn params<T: bytemuck::Pod>(
     bytemuck::pod_read_unaligned(&p.static_init[at..at + std::mem::size_of::<T>()])
 }
 
+/// The uniform fp16 plan of `spec` with `fusions`, built at static base 0 (no GPU needed).
+fn fp16_plan(spec: &Specialised, fusions: Fusions) -> gsttoonflow::cuda::neural::program::Program {
+    let storage = Storage {
+        fusions,
+        ..Storage::uniform(spec.stage_count(), true)
+    };
+    gsttoonflow::cuda::neural::program::build(spec, &storage, 0, 0).unwrap()
+}
+
 /// The elementwise chains of a program built at static base 0: those launched, and those a
 /// tensor-core convolution takes into its gather (`NnConv::pre`), with whether each is folded.
 fn elementwise_chains(
@@ -793,11 +802,13 @@ fn tensor_core_chains_store_channels_last() {
                     .count()
             };
             use MmaGather::{
-                ChannelsLast, ChannelsLast3x3, ChannelsLast3x3Residual, ChannelsLast3x3Resize,
-                ChannelsLast3x3S2, ChannelsLastPaired, TapPacked, TapPacked7x7,
+                ChannelsLast, ChannelsLast1x1, ChannelsLast3x3, ChannelsLast3x3Residual,
+                ChannelsLast3x3Resize, ChannelsLast3x3S2, ChannelsLastPaired, TapPacked,
+                TapPacked7x7,
             };
             let cl_convs = count(&[
                 ChannelsLast,
+                ChannelsLast1x1,
                 ChannelsLast3x3,
                 ChannelsLast3x3Resize,
                 ChannelsLast3x3Residual,
@@ -879,20 +890,35 @@ fn tensor_core_chains_store_channels_last() {
             for &(_, c) in &cl_values {
                 assert_eq!(c % 16, 0);
             }
-            // the statistics kernels read channels-last tensors, an instance normalization's
-            // application does not
+            // the statistics kernels read channels-last tensors, and an instance
+            // normalization's application reads its input in the layout it was stored in
             let l = spec.lowered();
-            for s in l.stages.iter() {
+            for (j, s) in l.stages.iter().enumerate() {
                 let Some(x) = s.stats.as_ref().filter(|st| st.instance.is_some()) else {
                     continue;
                 };
                 let producer = l.stages.iter().position(|p| p.outputs.contains(&x.input));
-                if let Some(i) = producer {
-                    assert!(
-                        p.stage_outputs[i].iter().all(|p| p.channels_last.is_none()),
-                        "{}: a normalization reads channels-last stage {i}",
-                        model.name()
-                    );
+                let Some(i) = producer else { continue };
+                let stored = p.stage_outputs[i]
+                    .iter()
+                    .zip(&l.stages[i].outputs)
+                    .find(|(_, v)| **v == x.input)
+                    .and_then(|(place, _)| place.channels_last)
+                    .map_or(0, |c| c as i32);
+                let apply = p
+                    .launches
+                    .iter()
+                    .find(|a| a.stage == j && a.kernel == Kernel::NormApply)
+                    .expect("an instance normalization's application");
+                let read: gsttoonflow::cuda::neural::program::NnNormApply = params(&p, apply);
+                assert_eq!(
+                    read.x_cl,
+                    stored,
+                    "{}: stage {j} reads stage {i}",
+                    model.name()
+                );
+                if !Fusions::from_env().instance_cl {
+                    assert_eq!(stored, 0, "{}: stage {i} channels-last", model.name());
                 }
             }
         }
@@ -1981,19 +2007,13 @@ fn residual_pairs_are_planned_for_two_tile_3x3_layers() {
 #[test]
 fn seven_by_seven_kernels_run_tall_blocks() {
     use gsttoonflow::cuda::neural::program::{
-        TC_ROWS, TC_SHARED_OPT_IN, TC_TALL_ROWS, build, conv_shared_bytes_rows,
+        TC_ROWS, TC_SHARED_OPT_IN, TC_TALL_ROWS, conv_shared_bytes_rows,
     };
     let mut models = vec![tiny_16()];
     models.extend(real_tiny());
     for model in &models {
         let spec = model.specialise(1088, 1920).unwrap();
-        let plan = |fusions: Fusions| {
-            let storage = Storage {
-                fusions,
-                ..Storage::uniform(spec.stage_count(), true)
-            };
-            build(&spec, &storage, 0, 0).unwrap()
-        };
+        let plan = |fusions: Fusions| fp16_plan(&spec, fusions);
         let tall = plan(Fusions::ALL);
         let short = plan(Fusions {
             tall_7x7: false,
@@ -2047,6 +2067,224 @@ fn tall_7x7_blocks_keep_the_bits() {
         ..Fusions::ALL
     };
     fusion_keeps_the_bits_on_photos(short, "tall blocks");
+}
+
+/// The double-buffered 1x1 layers over channels-last inputs at eight channel tiles take the
+/// fixed shapes' staging (`Fusions::fixed_1x1`, no GPU needed to plan): on hayao_class at
+/// 1920x1080 and 960x544 (its 64- and 128-channel pointwise convolutions) each such layer
+/// keeps its grid, block and double buffering, with the shared memory of its staged B
+/// fragments; no other launch changes; with the switch off none does.
+#[test]
+fn pointwise_layers_stage_their_weights_with_the_tile() {
+    use gsttoonflow::cuda::neural::program::{MmaGather, NnConv, conv_shared_bytes};
+    let model = hayao_class();
+    for (w, h) in [(1920, 1080), (960, 544)] {
+        let spec = model.specialise(h, w).unwrap();
+        let plan = |fixed_1x1: bool| {
+            fp16_plan(
+                &spec,
+                Fusions {
+                    fixed_1x1,
+                    ..Fusions::ALL
+                },
+            )
+        };
+        let (on, off) = (plan(true), plan(false));
+        assert_eq!(on.launches.len(), off.launches.len());
+        let mut staged = 0;
+        for (a, b) in on.launches.iter().zip(&off.launches) {
+            match (a.kernel, b.kernel) {
+                (
+                    Kernel::ConvMma(_, 8, MmaGather::ChannelsLast1x1),
+                    Kernel::ConvMma(_, 8, MmaGather::ChannelsLast),
+                ) => {}
+                _ => {
+                    assert_eq!(a.kernel, b.kernel);
+                    assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
+                    continue;
+                }
+            }
+            staged += 1;
+            let (c, d): (NnConv, NnConv) = (params(&on, a), params(&off, b));
+            assert_eq!((c.kh, c.kw, c.sh, c.sw), (1, 1, 1, 1));
+            assert_eq!((c.stages, d.stages), (2, 2), "{w}x{h}: stage {}", a.stage);
+            assert_eq!((a.grid, a.block), (b.grid, b.block));
+            assert_eq!(
+                a.shared,
+                conv_shared_bytes(MmaGather::ChannelsLast1x1, 8, &c)
+            );
+        }
+        println!("hayao_class {w}x{h}: {staged} staged 1x1 launches");
+        assert!(staged >= 4, "hayao_class {w}x{h}: {staged}");
+        assert!(
+            !off.launches
+                .iter()
+                .any(|l| matches!(l.kernel, Kernel::ConvMma(_, _, MmaGather::ChannelsLast1x1)))
+        );
+    }
+}
+
+/// The staged 1x1 kernel multiplies the same fragments in the same order as the general
+/// gather's single tap: the same bits, on hayao_class at 1920x1080 and 960x544 (a photo).
+#[test]
+fn the_staged_1x1_keeps_the_bits() {
+    need_gpu!();
+    let model = hayao_class();
+    let general = Fusions {
+        fixed_1x1: false,
+        ..Fusions::ALL
+    };
+    for (w, h) in [(1920, 1080), (960, 544)] {
+        let input = photo_tensor(&model, "chelsea.png", w, h);
+        let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+        let (a, b) = run_with_and_without(&spec, &input, general);
+        println!("hayao_class {w}x{h}: {} values", a.data.len());
+        assert_same_bits(&a, &b, &format!("hayao_class {w}x{h}: the staged 1x1"));
+    }
+}
+
+/// An instance normalization that reads channels-last inputs (`Fusions::instance_cl`, no GPU
+/// needed to plan): on hayao_class at 1920x1080 and 960x544 its application reads its
+/// 256-channel input channels-last, the residual blocks before it stay channels-last, so no
+/// eight-tile convolution gathers an NCHW input any more (five do at 1920x1080 with the switch
+/// off), and the
+/// arena does not grow.
+#[test]
+fn instance_normalizations_read_channels_last_inputs() {
+    use gsttoonflow::cuda::neural::program::{MmaGather, NnNormApply};
+    let model = hayao_class();
+    for (w, h) in [(1920, 1080), (960, 544)] {
+        let spec = model.specialise(h, w).unwrap();
+        let plan = |instance_cl: bool| {
+            fp16_plan(
+                &spec,
+                Fusions {
+                    instance_cl,
+                    ..Fusions::ALL
+                },
+            )
+        };
+        let (on, off) = (plan(true), plan(false));
+        let planar_wide = |p: &gsttoonflow::cuda::neural::program::Program| {
+            p.launches
+                .iter()
+                .filter(|l| matches!(l.kernel, Kernel::ConvMma(_, 8, MmaGather::Planar)))
+                .count()
+        };
+        let apply = |p: &gsttoonflow::cuda::neural::program::Program| -> Vec<NnNormApply> {
+            p.launches
+                .iter()
+                .filter(|l| l.kernel == Kernel::NormApply)
+                .map(|l| params(p, l))
+                .collect()
+        };
+        let (a_on, a_off) = (apply(&on), apply(&off));
+        println!(
+            "hayao_class {w}x{h}: eight-tile NCHW gathers {} -> {}, arena {} -> {} B, \
+             instance normalization x_cl {:?} -> {:?}",
+            planar_wide(&off),
+            planar_wide(&on),
+            off.arena.arena_bytes,
+            on.arena.arena_bytes,
+            a_off.iter().map(|p| p.x_cl).collect::<Vec<_>>(),
+            a_on.iter().map(|p| p.x_cl).collect::<Vec<_>>(),
+        );
+        if w == 1920 {
+            assert!(planar_wide(&off) >= 5, "{w}x{h}: {}", planar_wide(&off));
+        }
+        assert_eq!(planar_wide(&on), 0, "{w}x{h}");
+        assert!(!a_on.is_empty() && a_on.iter().all(|p| p.x_cl == 256 && p.c == 256));
+        assert!(a_off.iter().all(|p| p.x_cl == 0));
+        assert!(on.arena.arena_bytes <= off.arena.arena_bytes);
+    }
+}
+
+/// Channels-last instance normalization inputs change only the order of the statistics'
+/// sums: on hayao_class at 480x272 both plans keep 40 dB against the CPU reference on a photo,
+/// and at 1920x1080 the two GPU outputs stay within 50 dB of each other.
+#[test]
+fn channels_last_instance_inputs_keep_the_picture() {
+    need_gpu!();
+    let model = hayao_class();
+    let nchw = Fusions {
+        instance_cl: false,
+        ..Fusions::ALL
+    };
+    for (w, h, reference) in [(480, 272, true), (1920, 1080, false)] {
+        let input = photo_tensor(&model, "chelsea.png", w, h);
+        let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+        let (a, b) = run_with_and_without(&spec, &input, nchw);
+        let between = psnr(&a, &b);
+        if reference {
+            let cpu = spec.run(&input, None).unwrap();
+            let (pa, pb) = (psnr(&cpu, &a), psnr(&cpu, &b));
+            println!(
+                "hayao_class {w}x{h}: {pa:.1} dB channels-last, {pb:.1} dB NCHW, {between:.1} dB between"
+            );
+            assert!(pa >= 40.0 && pb >= 40.0, "{w}x{h}: {pa:.1} / {pb:.1} dB");
+        } else {
+            println!("hayao_class {w}x{h}: {between:.1} dB between");
+        }
+        assert!(between >= 50.0, "{w}x{h}: {between:.1} dB");
+    }
+}
+
+/// The shared-memory kernels of the eight-tile layers at about the smallest size that takes
+/// them (for compute-sanitizer racecheck): hayao_class at 1024x256 takes the double-buffered
+/// eight-tile 3x3, the staged 1x1 and the channels-last instance normalization; the second
+/// switched off keeps the bits, the third 50 dB, and all of them 40 dB against the CPU
+/// reference on a photo.
+#[test]
+fn eight_tile_kernels_at_a_small_size() {
+    use gsttoonflow::cuda::neural::program::MmaGather;
+    need_gpu!();
+    let model = hayao_class();
+    let input = photo_tensor(&model, "chelsea.png", 1024, 256);
+    let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
+    let all = gpu_with(&spec, true, false, true, Fusions::ALL);
+    let kernels: Vec<Kernel> = all.program().launches.iter().map(|l| l.kernel).collect();
+    for k in [
+        Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3),
+        Kernel::ConvMma(true, 8, MmaGather::ChannelsLast1x1),
+        Kernel::NormApply,
+    ] {
+        assert!(
+            kernels.contains(&k),
+            "hayao_class 1024x256 does not launch {k:?}"
+        );
+    }
+    let on = run_gpu(&mut { all }, &input);
+    let cpu = spec.run(&input, None).unwrap();
+    let p = psnr(&cpu, &on);
+    println!("hayao_class 1024x256: {p:.1} dB against the CPU reference");
+    assert!(p >= 40.0, "{p:.1} dB");
+    for (off, same_bits) in [
+        (
+            Fusions {
+                fixed_1x1: false,
+                ..Fusions::ALL
+            },
+            true,
+        ),
+        (
+            Fusions {
+                instance_cl: false,
+                ..Fusions::ALL
+            },
+            false,
+        ),
+    ] {
+        let out = run_gpu(&mut gpu_with(&spec, true, false, true, off), &input);
+        if same_bits {
+            assert_same_bits(&on, &out, &format!("hayao_class 1024x256 {off:?}"));
+        } else {
+            let between = psnr(&on, &out);
+            println!(
+                "hayao_class 1024x256, instance normalizations over NCHW: {between:.1} dB between"
+            );
+            assert!(between >= 50.0, "{between:.1} dB");
+        }
+    }
 }
 
 /// An fp16 network input (`Fusions::half_input`) is what the stem's gather made of the fp32

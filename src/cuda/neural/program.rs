@@ -304,9 +304,10 @@ pub struct NnNormApply {
     pub act: i32,
     pub act_a: f32,
     pub act_b: f32,
-    /// Channels of a channels-last y (x stays NCHW), or 0: y NCHW.
+    /// Channels of a channels-last y, or 0: y NCHW.
     pub y_cl: i32,
-    pub align: i32,
+    /// Channels of a channels-last x, or 0: x NCHW.
+    pub x_cl: i32,
 }
 }
 
@@ -495,6 +496,10 @@ pub enum MmaGather {
     /// a channels-last fp16 output of even channels: the epilogue reads the addend and writes
     /// the sum a channel pair at a time (`fixed_shape_matches`).
     ChannelsLast3x3Residual,
+    /// A stride-1 1x1 over a channels-last input at eight channel tiles, double-buffered with
+    /// the fixed shapes' staging: each chunk's B fragments are copied with its tile instead of
+    /// loaded once a chunk with nothing to hide the load behind. `Fusions::fixed_1x1`.
+    ChannelsLast1x1,
     /// Tap-packed as `TapPacked`, a 7x7 convolution of stride 1 and dilation 1 over at most 4
     /// channels (the stem: 4 taps a virtual tap), its shape compiled in as `ChannelsLast3x3`'s.
     TapPacked7x7,
@@ -509,6 +514,7 @@ impl MmaGather {
             | MmaGather::ChannelsLast3x3S2
             | MmaGather::ChannelsLast3x3Resize
             | MmaGather::ChannelsLast3x3Residual => 9,
+            MmaGather::ChannelsLast1x1 => 1,
             MmaGather::TapPacked7x7 => 7 * 2,
             MmaGather::ChannelsLastPaired => 7 * 4,
             _ => 0,
@@ -558,7 +564,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 46;
+    pub const COUNT: usize = 47;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -598,7 +604,8 @@ impl Kernel {
         all[n + 6] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3);
         all[n + 7] = Kernel::ConvMma(true, 4, MmaGather::ChannelsLast3x3Resize);
         all[n + 8] = Kernel::ConvMma(true, 2, MmaGather::ChannelsLast3x3Residual);
-        n += 9;
+        all[n + 9] = Kernel::ConvMma(true, 8, MmaGather::ChannelsLast1x1);
+        n += 10;
         let mut t = 0;
         while t < 3 {
             all[n] = Kernel::ConvMma(true, TILES[t], MmaGather::TapPacked7x7);
@@ -663,6 +670,7 @@ impl Kernel {
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_4_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3) => "nn_conv_mma_hh_8_c3",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Residual) => "nn_conv_mma_hh_2_c3p",
+            Kernel::ConvMma(_, _, MmaGather::ChannelsLast1x1) => "nn_conv_mma_hh_8_c1",
             Kernel::ConvMma(_, 4, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_4_c3r",
             Kernel::ConvMma(_, _, MmaGather::ChannelsLast3x3Resize) => "nn_conv_mma_hh_8_c3r",
             Kernel::ConvMma(_, 1, MmaGather::ChannelsLast3x3S2) => "nn_conv_mma_hh_1_c3s2",
@@ -814,6 +822,14 @@ pub struct Fusions {
     /// computed by the Gram launch's last block instead of a launch each (`stat_chains`).
     /// `TOONFLOW_NEURAL_STAT_CHAINS=0` turns it off.
     pub stat_chains: bool,
+    /// The double-buffered stride-1 1x1 over channels-last inputs at eight channel tiles takes
+    /// the fixed shapes' staging (`MmaGather::ChannelsLast1x1`). `TOONFLOW_NEURAL_1X1=0` turns
+    /// it off.
+    pub fixed_1x1: bool,
+    /// An instance normalization reads a channels-last input (its statistics 8 channels a
+    /// pixel, its application across the pixel), so the tensors before it may stay
+    /// channels-last. `TOONFLOW_NEURAL_INSTANCE_CL=0` turns it off.
+    pub instance_cl: bool,
 }
 
 impl Fusions {
@@ -832,6 +848,8 @@ impl Fusions {
         tall_7x7: true,
         half_input: true,
         stat_chains: true,
+        fixed_1x1: true,
+        instance_cl: true,
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
@@ -848,6 +866,8 @@ impl Fusions {
         tall_7x7: false,
         half_input: false,
         stat_chains: false,
+        fixed_1x1: false,
+        instance_cl: false,
     };
 
     /// These fusions with every double-buffered gather single-buffered (a card whose
@@ -878,6 +898,8 @@ impl Fusions {
             tall_7x7: switch("TOONFLOW_NEURAL_TALL", true),
             half_input: switch("TOONFLOW_NEURAL_HALF_INPUT", true),
             stat_chains: switch("TOONFLOW_NEURAL_STAT_CHAINS", true),
+            fixed_1x1: switch("TOONFLOW_NEURAL_1X1", true),
+            instance_cl: switch("TOONFLOW_NEURAL_INSTANCE_CL", true),
         }
     }
 }
@@ -1254,6 +1276,7 @@ fn prologue_chain(
         MmaGather::ChannelsLast
             | MmaGather::ChannelsLast3x3
             | MmaGather::ChannelsLast3x3S2
+            | MmaGather::ChannelsLast1x1
             | MmaGather::ChannelsLastPaired
     );
     if !gathers_channels_last
@@ -1308,6 +1331,7 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
         // double-buffered it wins
         MmaGather::ChannelsLast3x3 => shape == (3, 3, 1, 1, 1, 1, 1) && (nt != 4 || p.stages == 2),
         MmaGather::ChannelsLast3x3S2 => shape == (3, 3, 2, 2, 1, 1, 1) && nt <= 2,
+        MmaGather::ChannelsLast1x1 => shape == (1, 1, 1, 1, 1, 1, 1) && nt == 8 && p.stages == 2,
         // ncu, H100: the real tiny's Resize convolutions at two tiles 177 -> 158 and 70 -> 66 µs
         MmaGather::ChannelsLast3x3Residual => {
             shape == (3, 3, 1, 1, 1, 1, 1)
@@ -1335,13 +1359,13 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
     }
 }
 
-/// The double-buffered variant of a fixed stride-1 3x3 launch (`NnConv::stages`): a direct
+/// The double-buffered variant of a fixed stride-1 launch of gather `g` (the 3x3, or the 1x1
+/// that is only ever double-buffered) (`NnConv::stages`): a direct
 /// channels-last gather (no folded Resize) of at least two 16-channel chunks (with one there is
 /// nothing to overlap, and the second tile only costs occupancy: ncu, H200), whose two tiles
 /// and B stages fit `TC_SHARED_OPT_IN` with a prologue chain's coefficients.
-fn pipelined(p: &NnConv, nt: u8, fusions: &Fusions) -> Option<NnConv> {
+fn pipelined(p: &NnConv, nt: u8, fusions: &Fusions, g: MmaGather) -> Option<NnConv> {
     let piped = NnConv { stages: 2, ..*p };
-    let g = MmaGather::ChannelsLast3x3;
     (fusions.pipelined
         && p.rs_taps == 0
         && p.cin_pad >= 32
@@ -1982,7 +2006,7 @@ fn channels_last_values(
     }
     // elementwise chains run over a channels-last output in its own order (`nn_eltwise`)
     let elementwise = |i: usize| l.stages[i].kind == StageKind::Elementwise && !folds.folded(i);
-    // and an instance normalization's application writes either layout (from NCHW)
+    // and an instance normalization's application writes either layout (from either)
     let instance = |s: &Stage| s.stats.as_ref().is_some_and(|st| st.instance.is_some());
     for (i, s) in l.stages.iter().enumerate() {
         if (elementwise(i) || instance(s)) && s.outputs.len() == 1 {
@@ -2015,13 +2039,14 @@ fn channels_last_values(
                     || ((c as usize).is_multiple_of(GRAM_TILE)
                         && c as usize <= GRAM_CHANNELS
                         && grams.iter().any(|g| g.own == j || g.conv == j))
-                    // the statistics kernel reads 8 channels a pixel (not an instance
-                    // normalization's application, which reads NCHW)
+                    // the statistics kernel reads 8 channels a pixel, an instance
+                    // normalization's application either layout
                     || (s.kind == StageKind::Normalize
                         && c % 8 == 0
-                        && s.stats
-                            .as_ref()
-                            .is_some_and(|st| st.instance.is_none() && st.input == *v))
+                        && s.stats.as_ref().is_some_and(|st| {
+                            st.input == *v
+                                && (st.instance.is_none() || storage.fusions.instance_cl)
+                        }))
                     || (elementwise(j)
                         && s.outputs.len() == 1
                         && out.contains_key(&s.outputs[0])
@@ -3070,27 +3095,40 @@ fn build_program(
                     // (`fixed_shape_matches`, the one statement of those shapes)
                     let fixed: &[MmaGather] = match general {
                         MmaGather::TapPacked => &[MmaGather::TapPacked7x7],
-                        MmaGather::ChannelsLast if y.half => {
-                            &[MmaGather::ChannelsLast3x3, MmaGather::ChannelsLast3x3S2]
-                        }
+                        MmaGather::ChannelsLast if y.half => &[
+                            MmaGather::ChannelsLast3x3,
+                            MmaGather::ChannelsLast3x3S2,
+                            MmaGather::ChannelsLast1x1,
+                        ],
                         _ => &[],
                     };
                     // the fixed stride-1 3x3 double-buffered where it can be (at four tiles
                     // only so)
-                    let piped = pipelined(&p, nt as u8, &storage.fusions);
+                    let piped =
+                        pipelined(&p, nt as u8, &storage.fusions, MmaGather::ChannelsLast3x3);
+                    // the 1x1 kernel only double-buffered, under both double-buffering
+                    // switches (the general gather it replaces answers to pipelined_general)
+                    let piped_1x1 =
+                        pipelined(&p, nt as u8, &storage.fusions, MmaGather::ChannelsLast1x1)
+                            .filter(|_| {
+                                storage.fusions.fixed_1x1 && storage.fusions.pipelined_general
+                            });
                     let gather = fixed
                         .iter()
                         .copied()
                         .find(|&f| {
-                            let q = match (f, &piped) {
-                                (MmaGather::ChannelsLast3x3, Some(q)) => q,
+                            let q = match (f, &piped, &piped_1x1) {
+                                (MmaGather::ChannelsLast3x3, Some(q), _) => q,
+                                (MmaGather::ChannelsLast1x1, _, Some(q)) => q,
+                                (MmaGather::ChannelsLast1x1, _, None) => return false,
                                 _ => &p,
                             };
                             storage.fusions.fixed_shapes && fixed_shape_matches(f, q, nt as u8)
                         })
                         .unwrap_or(general);
-                    let p = match piped {
-                        Some(q) if gather == MmaGather::ChannelsLast3x3 => q,
+                    let p = match (piped, piped_1x1) {
+                        (_, Some(q)) if gather == MmaGather::ChannelsLast1x1 => q,
+                        (Some(q), _) if gather == MmaGather::ChannelsLast3x3 => q,
                         _ if gather == MmaGather::ChannelsLast => {
                             pipelined_general(&p, nt as u8, &storage.fusions).unwrap_or(p)
                         }
@@ -3206,13 +3244,13 @@ fn build_program(
                         }
                         _ => TC_ROWS,
                     };
-                    if count > 1 && per_warp > 1 {
-                        // a band's rows are a multiple of TC_ROWS only: the last block of a band
-                        // would compute rows of the next one while it reads them
+                    if count > 1 && !rows.is_multiple_of(warps * per_warp) {
+                        // a band's rows not whole blocks: the last block of a band would
+                        // compute rows of the next one while it reads them
                         return Err(unsupported(
                             i,
                             s,
-                            "a banded convolution whose warps take several rows",
+                            "a banded convolution whose bands are not whole blocks",
                         ));
                     }
                     let block_rows = warps * per_warp;
@@ -3320,7 +3358,7 @@ fn build_program(
                         act_a,
                         act_b,
                         y_cl: y.channels_last.map_or(0, |c| c as i32),
-                        align: 0,
+                        x_cl: x.channels_last.map_or(0, |c| c as i32),
                     };
                     blocks.push((
                         Kernel::NormApply,
