@@ -662,7 +662,7 @@ struct NnFixedShape<NN_GATHER_TP_7X7> : NnShape<7, 2, 4, 4, 1> {};
 // The 7x7 kernels run NN_TC_ROWS or NN_TC_TALL_ROWS warps a block, held to the same registers.
 #define NN_TC_TALL_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 8 * NN_TC_ROWS / NN_TC_TALL_ROWS : 1)
 // The stem's warps hold NN_TC_STEM_ROWS rows of accumulators: at one or two tiles three blocks
-// a multiprocessor (its tile's shared memory allows no more), 85 registers, no spills; at four
+// a multiprocessor (at two its tile's shared memory allows no more), 85 registers, no spills; at four
 // two blocks (ptxas, sm_90: 128 registers and 24 bytes of spill; unbounded, 148 registers left
 // one block a multiprocessor, and hayao_class ran 5 % slower at 1080p on an H100)
 #define NN_TC_STEM_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 3 : 2)
@@ -818,8 +818,8 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // others compile NN_TC_ROWS in
     constexpr bool tall = GATHER == NN_GATHER_TP_7X7 || GATHER == NN_GATHER_CL_PAIRED;
     // output rows a warp: the paired output convolution's warps take NN_TC_PAIRED_ROWS
-    // consecutive rows, so that each tile row's A fragments serve all of them
-    // (nn_tc_taps_rows); the host launches (rows / RPW) warps
+    // consecutive rows and the stem's NN_TC_STEM_ROWS, so that each tile row's A fragments
+    // serve all of them (nn_tc_taps_rows); the host launches (rows / RPW) warps
     constexpr int RPW = GATHER == NN_GATHER_CL_PAIRED ? NN_TC_PAIRED_ROWS
                         : GATHER == NN_GATHER_TP_7X7  ? NN_TC_STEM_ROWS
                                                       : 1;

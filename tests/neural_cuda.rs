@@ -2253,6 +2253,11 @@ fn eight_tile_kernels_at_a_small_size() {
             "hayao_class 1024x256 does not launch {k:?}"
         );
     }
+    // the eight-tile 3x3 double-buffered (the single-buffered one takes the same kernel, within
+    // 48 KiB of shared memory; two tiles and two B stages take it past)
+    assert!(all.program().launches.iter().any(|l| {
+        l.kernel == Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3) && l.shared > 48 * 1024
+    }));
     let on = run_gpu(&mut { all }, &input);
     let cpu = spec.run(&input, None).unwrap();
     let p = psnr(&cpu, &on);

@@ -522,8 +522,9 @@ impl MmaGather {
     }
 
     /// Output rows each warp computes: the paired output convolution's warps take
-    /// `TC_PAIRED_ROWS` consecutive rows and load each tile row's A fragments once for all of
-    /// them (a 7x7 kernel loads each tile row for seven output rows); the others one.
+    /// `TC_PAIRED_ROWS` consecutive rows and the stem's `TC_STEM_ROWS`, loading each tile row's
+    /// A fragments once for all of them (a 7x7 kernel loads each tile row for seven output
+    /// rows); the others one.
     pub const fn rows_per_warp(self) -> u32 {
         match self {
             MmaGather::ChannelsLastPaired => TC_PAIRED_ROWS,
@@ -4435,23 +4436,37 @@ mod tests {
                 <= 48 * 1024
         );
         let stem_tall = |nt: u8| {
-            conv_shared_bytes_rows(MmaGather::TapPacked7x7, nt, &conv(7, 1, 4, 3), TC_TALL_ROWS)
+            conv_shared_bytes_rows(
+                MmaGather::TapPacked7x7,
+                nt,
+                &conv(7, 1, 4, 3),
+                TC_TALL_ROWS * TC_STEM_ROWS,
+            )
         };
+        // (eight warps of two rows: 22 tile rows)
         assert_eq!(
             stem_tall(2),
-            (14 * 36 * 48 + 14 * 39 * 8 + 546 * 8 + 14 * 2 * 256) as u32
+            (22 * 36 * 48 + 22 * 39 * 8 + 858 * 8 + 14 * 2 * 256) as u32
         );
-        assert!(stem_tall(4) <= 48 * 1024);
-        // the paired output convolution in a tall block: 14 rows; four blocks of eight warps
-        // (the same 64-register bound) with a prologue chain's coefficients fit a
-        // multiprocessor
+        // at one or two tiles three blocks a multiprocessor with their 1 KiB reserve
+        // (NN_TC_STEM_BOUNDS; at two no more); at four past 48 KiB, within the opt-in bound,
+        // two blocks
+        for nt in [1, 2] {
+            assert!(3 * (stem_tall(nt) + 1024) <= 228 * 1024);
+        }
+        assert!(4 * (stem_tall(2) + 1024) > 228 * 1024);
+        assert!(stem_tall(4) > 48 * 1024 && stem_tall(4) <= TC_SHARED_OPT_IN);
+        assert!(2 * (stem_tall(4) + 1024) <= 228 * 1024);
+        // the paired output convolution in a tall block (eight warps of two rows): 22 tile
+        // rows; four blocks (the same 64-register bound) with a prologue chain's coefficients
+        // fit a multiprocessor
         let cp_tall = conv_shared_bytes_rows(
             MmaGather::ChannelsLastPaired,
             1,
             &conv(7, 1, 1, 16),
-            TC_TALL_ROWS,
+            TC_TALL_ROWS * TC_PAIRED_ROWS,
         );
-        assert_eq!(cp_tall, 14 * 38 * 48 + (13 + 52) * 16 + 28 * 256);
+        assert_eq!(cp_tall, 22 * 38 * 48 + (15 + 60) * 16 + 28 * 256);
         assert!(4 * (cp_tall + PRE_BYTES + 1024) <= 228 * 1024);
         // the largest tile that takes the tensor cores still fits 48 KiB without opt-in
         const { assert!(TC_TILE_HALVES * 2 + TC_TILE_HALVES / TC_PIX * 8 <= 48 * 1024) };
