@@ -20,6 +20,8 @@
 //   nn_moments_gram    the same for an fp16 tensor of <= 32 channels and for a 1x1 convolution
 //                      of it that only its statistics read, from the channels' Gram matrix
 //                      (tensor cores; the convolution is never run)
+//   nn_gram_wide[_reduce|_finish]  the same for 33 to 256 channels: partial sums of pairs of
+//                      64-channel tiles over chunks of the pixels, their reduction, finishing
 //   nn_norm_apply      InstanceNormalization's (x - mean) / sqrt(var + eps) * scale + bias, act
 //   nn_eltwise         a fused chain of elementwise operators with broadcast operands
 //   nn_copy            strided 4-D copy (Transpose, Concat, Reshape and friends) with conversion
@@ -1756,6 +1758,287 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
         nn_smooth_store(o, mean, quad - wm * wm, p->control, p->y_state_mean, p->y_state_var,
                         p->y_state_primed, p->y_mean, p->y_var);
     }
+    nn_gram_tails(p);
+}
+
+// Wide Gram moments (sm_80+): the same statistics as nn_moments_gram for an fp16 tensor x of
+// NN_GRAM_CHANNELS < C <= NN_GRAM_WIDE_MAX channels (NCHW with hw a multiple of 8, or
+// channels-last), in three launches that share one parameter block:
+//   nn_gram_wide         grid (chunks, pairs): block (chunk, pair) sums the 64x64 block of
+//                        products of channel tiles (a, b), a <= b, of 64 channels, and (on the
+//                        diagonal) tile a's channel sums, over its chunk of the pixels, into
+//                        its NN_GRAM_WIDE_SUMS doubles of `partial`
+//   nn_gram_wide_reduce  one thread an entry: the chunks' partials in fixed order, divided by
+//                        the pixel count, into `gram` (E[x x^T], C x C, then E[x])
+//   nn_gram_wide_finish  NN_GRAM_WIDE_OUTS outputs of the 1x1 convolution a block: mean
+//                        b + w.E[x], variance w^T cov w (cov = E[x x^T] - E[x] E[x]^T centred in
+//                        double, the quadratic form in float), x's own statistics, and the last
+//                        block runs the statistics chains (nn_gram_tails)
+// The partials launch stages 64 pixels x 64 channels a tile (8 KB, rows of 128 bytes: a
+// channel's 64 pixels NCHW, a pixel's 64 channels channels-last; the 16-byte chunks of row R
+// at chunk J ^ (R & 7), so that ldmatrix's 8 rows fall in distinct banks) with cp.async, two
+// steps in flight; ldmatrix (.trans for channels-last) hands out the A (channels x pixels) and
+// B (pixels x channels) fragments of the same staged bytes. Warp w holds rows 16 (w & 3) and
+// columns 32 (w >> 2) of the 64x64 block: per 16 pixels one A and two B ldmatrix.x4, four
+// m16n8k16 mma, and one more against a B of ones for the rows' channel sums. The float
+// accumulators hold one step (64 exact products an element) and are added to double ones.
+__device__ __forceinline__ void nn_gram_wide_pair(int k, int tiles, int& a, int& b)
+{
+    a = 0;
+    while (k >= tiles - a) {
+        k -= tiles - a;
+        a++;
+    }
+    b = a + k;
+}
+
+// A 16-byte cp.async that stores zeros instead when `valid` is false (no bytes read).
+__device__ __forceinline__ void nn_cp_async16_or_zero(unsigned int dst, const void* src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void nn_ldmatrix_x4(unsigned int (&v)[4], unsigned int addr, bool trans)
+{
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                     : "r"(addr));
+}
+
+extern "C" __global__ void __launch_bounds__(NN_GRAM_WIDE_THREADS, 2) nn_gram_wide(const NnMomentsGram* __restrict__ p)
+{
+    // [step buffer][tile a, tile b][64 rows x 64 halves]
+    __shared__ __align__(128) unsigned short stage[2][2][64 * 64];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const long long hw = p->hw;
+    const int c = p->c;
+    const bool cl = p->cl != 0;
+    int ta, tb;
+    nn_gram_wide_pair(blockIdx.y, (c + 63) / 64, ta, tb);
+    const int ntiles = ta != tb ? 2 : 1;
+    const unsigned short* __restrict__ x = (const unsigned short*)p->x;
+    // this block's 64-pixel steps: the pixels split evenly over the chunks
+    const long long steps = (hw + 63) / 64;
+    const long long s0 = steps * blockIdx.x / gridDim.x, s1 = steps * (blockIdx.x + 1) / gridDim.x;
+    const unsigned int base = nn_smem_addr(&stage[0][0][0]);
+    const auto issue = [&](long long s, int buf) {
+        const long long p0 = s * 64;
+        for (int t = 0; t < ntiles; t++) {
+            const int c0 = 64 * (t ? tb : ta);
+#pragma unroll
+            for (int k = 0; k < 4096 / 8 / NN_GRAM_WIDE_THREADS; k++) {
+                const int u = threadIdx.x + k * NN_GRAM_WIDE_THREADS;
+                const int row = u >> 3, chunk = u & 7;
+                long long at;
+                bool ok;
+                if (cl) {
+                    ok = p0 + row < hw && c0 + 8 * chunk < c;
+                    at = (p0 + row) * c + c0 + 8 * chunk;
+                } else {
+                    ok = c0 + row < c && p0 + 8 * chunk < hw;
+                    at = (long long)(c0 + row) * hw + p0 + 8 * chunk;
+                }
+                const unsigned int dst =
+                    base + (unsigned int)(((buf * 2 + t) * 4096 + row * 64) * 2 + ((chunk ^ (row & 7)) * 16));
+                nn_cp_async16_or_zero(dst, x + (ok ? at : 0), ok);
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    // lane's row address in the 8x8 block (channel group cg, pixel group pg) of a tile
+    const int mi = lane >> 3, r = lane & 7;
+    const auto frag = [&](unsigned int tile, int cg, int pg) {
+        const int row = cl ? 8 * pg + r : 8 * cg + r;
+        const int chunk = cl ? cg : pg;
+        return tile + (unsigned int)(row * 128 + ((chunk ^ r) * 16));
+    };
+    const int wm = warp & 3, wn = warp >> 2;
+    const unsigned int ones = 0x3c003c00u; // two halves of 1.0
+    double acc[4][4], sum_lo = 0.0, sum_hi = 0.0;
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[n][e] = 0.0;
+    if (s0 < s1)
+        issue(s0, 0);
+    for (long long s = s0; s < s1; s++) {
+        const int buf = (int)((s - s0) & 1);
+        if (s + 1 < s1) {
+            issue(s + 1, buf ^ 1);
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        }
+        __syncthreads(); // step s is in shared memory for every warp
+        const unsigned int tile_a = base + (unsigned int)(buf * 2 * 8192);
+        const unsigned int tile_b = tile_a + (ntiles == 2 ? 8192u : 0u);
+        float d[4][4], ds[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                d[n][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            unsigned int a[4];
+            nn_ldmatrix_x4(a, frag(tile_a, 2 * wm + (mi & 1), 2 * kk + (mi >> 1)), cl);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                unsigned int b[4];
+                nn_ldmatrix_x4(b, frag(tile_b, 4 * wn + 2 * h + (mi >> 1), 2 * kk + (mi & 1)), cl);
+                nn_gram_mma(d[2 * h], a[0], a[1], a[2], a[3], b[0], b[1]);
+                nn_gram_mma(d[2 * h + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+            }
+            if (wn == 0)
+                nn_gram_mma(ds, a[0], a[1], a[2], a[3], ones, ones);
+        }
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[n][e] += (double)d[n][e];
+        sum_lo += (double)ds[0];
+        sum_hi += (double)ds[2];
+        __syncthreads(); // every warp is done with buffer buf before it is filled again
+    }
+    // accumulator (row, col): d[n] rows 16 wm + g (+8), columns 32 wn + 8 n + 2 q (+1)
+    double* out = (double*)p->partial + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * NN_GRAM_WIDE_SUMS;
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            out[(16 * wm + g + (e >> 1) * 8) * 64 + 32 * wn + 8 * n + 2 * q + (e & 1)] = acc[n][e];
+    if (wn == 0 && q == 0) {
+        out[4096 + 16 * wm + g] = sum_lo;
+        out[4096 + 16 * wm + g + 8] = sum_hi;
+    }
+}
+
+extern "C" __global__ void nn_gram_wide_reduce(const NnMomentsGram* __restrict__ p)
+{
+    const int c = p->c, tiles = (c + 63) / 64;
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= (long long)tiles * (tiles + 1) / 2 * NN_GRAM_WIDE_SUMS)
+        return;
+    const int pr = (int)(i / NN_GRAM_WIDE_SUMS), e = (int)(i % NN_GRAM_WIDE_SUMS);
+    int a, b;
+    nn_gram_wide_pair(pr, tiles, a, b);
+    // a diagonal block holds each product twice: its upper triangle is taken
+    const int row = 64 * a + e / 64, col = 64 * b + e % 64;
+    const bool product = e < 4096 && row < c && col < c && (a != b || row <= col);
+    const bool sum = e >= 4096 && a == b && 64 * a + e - 4096 < c;
+    if (!product && !sum)
+        return;
+    const int chunks = p->chunks;
+    const double* __restrict__ part = (const double*)p->partial + (long long)pr * chunks * NN_GRAM_WIDE_SUMS + e;
+    double v = 0.0;
+#pragma unroll 8
+    for (int k = 0; k < chunks; k++)
+        v += part[(long long)k * NN_GRAM_WIDE_SUMS];
+    v /= (double)p->hw;
+    double* gram = (double*)p->gram;
+    if (product) {
+        gram[(long long)row * c + col] = v;
+        gram[(long long)col * c + row] = v;
+    } else {
+        gram[(long long)c * c + 64 * a + e - 4096] = v;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NN_GRAM_WIDE_THREADS) nn_gram_wide_finish(const NnMomentsGram* __restrict__ p)
+{
+    // the block's outputs' weights [input channel][output], x's mean, the warps' sums
+    __shared__ __align__(16) float ws[NN_GRAM_WIDE_MAX][NN_GRAM_WIDE_OUTS];
+    __shared__ double mean_x[NN_GRAM_WIDE_MAX];
+    __shared__ double warp_quad[NN_GRAM_WIDE_THREADS / 32][NN_GRAM_WIDE_OUTS];
+    __shared__ double warp_wm[NN_GRAM_WIDE_THREADS / 32][NN_GRAM_WIDE_OUTS];
+    __shared__ int last;
+    const int c = p->c, cout = p->cout, o0 = blockIdx.x * NN_GRAM_WIDE_OUTS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const double* __restrict__ gram = (const double*)p->gram;
+    const float* __restrict__ w = (const float*)p->w;
+    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+        mean_x[j] = gram[(long long)c * c + j];
+#pragma unroll
+        for (int o = 0; o < NN_GRAM_WIDE_OUTS; o++)
+            ws[j][o] = o0 + o < cout ? w[(long long)(o0 + o) * c + j] : 0.f;
+    }
+    __syncthreads();
+    // thread i: row i of cov (read down column i: E[x x^T] is symmetric, and the threads'
+    // loads of one j are consecutive) against the outputs' weights
+    double quad[NN_GRAM_WIDE_OUTS], wm[NN_GRAM_WIDE_OUTS];
+#pragma unroll
+    for (int o = 0; o < NN_GRAM_WIDE_OUTS; o++)
+        quad[o] = wm[o] = 0.0;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        const double mi = mean_x[i];
+        float row[NN_GRAM_WIDE_OUTS];
+#pragma unroll
+        for (int o = 0; o < NN_GRAM_WIDE_OUTS; o++)
+            row[o] = 0.f;
+        for (int j = 0; j < c; j++) {
+            const float cov = (float)(gram[(long long)j * c + i] - mean_x[j] * mi);
+#pragma unroll
+            for (int o = 0; o < NN_GRAM_WIDE_OUTS; o++)
+                row[o] = fmaf(cov, ws[j][o], row[o]);
+        }
+#pragma unroll
+        for (int o = 0; o < NN_GRAM_WIDE_OUTS; o++) {
+            quad[o] += (double)ws[i][o] * (double)row[o];
+            wm[o] += (double)ws[i][o] * mi;
+        }
+    }
+#pragma unroll
+    for (int o = 0; o < NN_GRAM_WIDE_OUTS; o++) {
+        for (int k = 16; k > 0; k >>= 1) {
+            quad[o] += __shfl_xor_sync(0xffffffffu, quad[o], k);
+            wm[o] += __shfl_xor_sync(0xffffffffu, wm[o], k);
+        }
+        if (lane == 0) {
+            warp_quad[warp][o] = quad[o];
+            warp_wm[warp][o] = wm[o];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < NN_GRAM_WIDE_OUTS && o0 + (int)threadIdx.x < cout) {
+        const int o = threadIdx.x;
+        double qs = 0.0, ms = 0.0;
+        for (int k = 0; k < NN_GRAM_WIDE_THREADS / 32; k++) {
+            qs += warp_quad[k][o];
+            ms += warp_wm[k][o];
+        }
+        const double mean = (p->b ? (double)((const float*)p->b)[o0 + o] : 0.0) + ms;
+        nn_smooth_store(o0 + o, mean, qs, p->control, p->y_state_mean, p->y_state_var,
+                        p->y_state_primed, p->y_mean, p->y_var);
+    }
+    // x's own statistics, spread over the blocks
+    if (p->mean) {
+        for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < c; k += gridDim.x * blockDim.x) {
+            const double m = gram[(long long)c * c + k];
+            nn_smooth_store(k, m, gram[(long long)k * c + k] - m * m, p->control, p->state_mean,
+                            p->state_var, p->state_primed, p->mean, p->var);
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    unsigned int* counter = (unsigned int*)p->counter;
+    if (threadIdx.x == 0)
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    if (threadIdx.x == 0)
+        *counter = 0u;
     nn_gram_tails(p);
 }
 

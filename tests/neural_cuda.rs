@@ -576,7 +576,7 @@ fn programs_cover_every_stage() {
                     // its input stand for
                     assert!(half, "{}: stage {i} by Gram moments in fp32", model.name());
                     assert!(
-                        p.launches.iter().any(|l| l.kernel == Kernel::MomentsGram),
+                        p.launches.iter().any(|l| l.kernel.finishes_gram()),
                         "{}: stage {i} left to Gram moments that do not run",
                         model.name()
                     );
@@ -587,7 +587,7 @@ fn programs_cover_every_stage() {
                     assert!(
                         p.launches
                             .iter()
-                            .any(|l| l.kernel == Kernel::MomentsGram && l.stage < i),
+                            .any(|l| l.kernel.finishes_gram() && l.stage < i),
                         "{}: stage {i} left to a Gram launch that does not run before it",
                         model.name()
                     );
@@ -1266,14 +1266,89 @@ fn gram_moments_of_32_channels_match_the_pass_they_replace() {
     }
 }
 
+/// The wide Gram moments (64 to 256 channels: pairs of 64-channel tiles summed in chunks of
+/// the pixels, reduced and finished by two more launches) against the 1x1 convolutions and
+/// statistics passes they stand for, on a photo, hayao_class in fp16 at two sizes (NCHW and
+/// channels-last inputs, one chunk of the pixels and many): every normalization's statistics
+/// with them against those without (the same x: only the convolution's fp16 rounding of its
+/// output lies between), and the output against the CPU reference.
+#[test]
+fn wide_gram_moments_match_the_pass_they_replace() {
+    need_gpu!();
+    let model = hayao_class();
+    for (w, h) in [(256, 144), (640, 360)] {
+        let input = photo_tensor(&model, "chelsea.png", w, h);
+        let spec = model.specialise(h, w).unwrap();
+        let cpu = spec.run(&input, None).unwrap();
+        let off = Fusions {
+            gram_wide: false,
+            ..Fusions::ALL
+        };
+        let observe = |fusions: Fusions| {
+            let mut g = gpu_with(&spec, true, false, true, fusions);
+            let wide = g
+                .program()
+                .launches
+                .iter()
+                .filter(|l| l.kernel == Kernel::GramWide)
+                .count();
+            let mut out = Tensor::zeros(&input.shape);
+            let mut stats: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+            g.run_observed(&input, &mut out, &mut |_, _| {}, &mut |k, m, v| {
+                if stats.len() <= k {
+                    stats.resize(k + 1, (Vec::new(), Vec::new()));
+                }
+                stats[k] = (m.to_vec(), v.to_vec());
+            })
+            .unwrap();
+            (out, stats, wide)
+        };
+        let (on, s_on, wide) = observe(Fusions::ALL);
+        let (without, s_off, none) = observe(off);
+        assert_eq!((wide, none), (7, 0), "{w}x{h}: wide Gram launches");
+        assert_eq!(s_on.len(), s_off.len());
+        let (mut worst_mean, mut worst_var) = (0.0f64, 0.0f64);
+        for (k, ((m1, v1), (m0, v0))) in s_on.iter().zip(&s_off).enumerate() {
+            assert_eq!(m1.len(), m0.len(), "statistics {k}");
+            for c in 0..m1.len() {
+                let sd = (v0[c] as f64).sqrt();
+                let dm = (m1[c] - m0[c]).abs() as f64 / (sd + 1e-6);
+                let dv = (v1[c] - v0[c]).abs() as f64 / (v0[c] as f64 + 1e-9);
+                assert!(
+                    dm <= 1e-3 && dv <= 2e-3,
+                    "{w}x{h} statistics {k} channel {c}: mean {} against {}, variance {} \
+                     against {}",
+                    m1[c],
+                    m0[c],
+                    v1[c],
+                    v0[c]
+                );
+                worst_mean = worst_mean.max(dm);
+                worst_var = worst_var.max(dv);
+            }
+        }
+        let (p_on, p_off, between) = (psnr(&cpu, &on), psnr(&cpu, &without), psnr(&on, &without));
+        println!(
+            "hayao_class {w}x{h} fp16: {wide} wide Gram moments; statistics against the passes \
+             they replace: mean within {worst_mean:.1e} sd, variance within {worst_var:.1e} \
+             (relative); PSNR vs the CPU reference {p_on:.1} dB with them, {p_off:.1} dB \
+             without; {between:.1} dB between"
+        );
+        assert!(p_on >= 40.0, "{w}x{h}: {p_on:.1} dB");
+        assert!(p_on >= p_off - 1.0, "{w}x{h}: {p_on:.1} dB against {p_off:.1}");
+        assert!(between >= 45.0, "{w}x{h}: {between:.1} dB between");
+    }
+}
+
 /// Each self-modulated normalization (a tensor normalized by its own statistics and re-scaled
 /// by those of a 1x1 convolution of it) takes one Gram moments launch in fp16 (no GPU needed
 /// to plan): the convolution and the statistics pass over its output are gone, its output is
 /// not stored, and the arena is no larger. In fp32 (or without tensor cores) nothing changes.
 /// tiny_like has one (4 channels), hayao_like eight (4 to 16 channels), hayao_32 eight (16 and
-/// 32 channels: a 32-channel one sums three pairs of 16-channel tiles), hayao_class one (its
-/// last, 32 channels; the others have 64 to 256); the real tiny one of 16 channels at full
-/// resolution, when the fixture is here.
+/// 32 channels: a 32-channel one sums three pairs of 16-channel tiles), hayao_class eight (its
+/// last of 32 channels in one launch, seven of 64 to 256 in the three wide launches, which sum
+/// pairs of 64-channel tiles; with `gram_wide` off only the one); the real tiny one of 16
+/// channels at full resolution, when the fixture is here.
 #[test]
 fn modulated_normalizations_take_gram_moments() {
     use gsttoonflow::cuda::neural::program::{NnEltwise, NnMomentsGram, build};
@@ -1287,9 +1362,30 @@ fn modulated_normalizations_take_gram_moments() {
             8,
         ),
         (hayao_32(), 8),
-        (hayao_class(), 1),
+        (hayao_class(), 8),
     ];
     models.extend(real_tiny().map(|m| (m, 1)));
+    let spec = hayao_class().specialise(96, 160).unwrap();
+    let narrow = build(
+        &spec,
+        &Storage {
+            fusions: Fusions {
+                gram_wide: false,
+                ..Fusions::from_env()
+            },
+            ..Storage::uniform(spec.stage_count(), true)
+        },
+        0,
+        0,
+    )
+    .unwrap();
+    let wide = build(&spec, &Storage::uniform(spec.stage_count(), true), 0, 0).unwrap();
+    let finishes = |p: &gsttoonflow::cuda::neural::program::Program| {
+        p.launches.iter().filter(|l| l.kernel.finishes_gram()).count()
+    };
+    assert_eq!((finishes(&narrow), finishes(&wide)), (1, 8));
+    // each wide one: three launches for a 1x1 convolution, two statistics passes and two chains
+    assert_eq!(wide.launches.len() + 7 * (5 - 3), narrow.launches.len());
     for (model, expected) in &models {
         let spec = model.specialise(96, 160).unwrap();
         let count = |p: &gsttoonflow::cuda::neural::program::Program, k: Kernel| {
@@ -1310,7 +1406,11 @@ fn modulated_normalizations_take_gram_moments() {
         )
         .unwrap();
         let fp32 = build(&spec, &Storage::uniform(spec.stage_count(), false), 0, 0).unwrap();
-        let grams = count(&fp16, Kernel::MomentsGram);
+        let grams = fp16
+            .launches
+            .iter()
+            .filter(|l| l.kernel.finishes_gram())
+            .count();
         println!(
             "{}: {grams} Gram moments; fp16 {} launches ({} moments), without them {} ({}); \
              arena {} B against {} B",
@@ -1334,6 +1434,20 @@ fn modulated_normalizations_take_gram_moments() {
             let pairs = if c > 16 { 3 } else { 1 };
             assert_eq!(x.grid.1, pairs, "{}: {c} channels", model.name());
         }
+        // the wide ones: a row of blocks for each pair of 64-channel tiles, then their
+        // reduction and the finishing, in that order at one stage
+        for (k, x) in fp16.launches.iter().enumerate() {
+            if x.kernel != Kernel::GramWide {
+                continue;
+            }
+            let g = params::<NnMomentsGram>(&fp16, x);
+            let tiles = (g.c as u32).div_ceil(64);
+            assert!(g.c > 32 && g.c <= 256 && g.gram != 0, "{}", model.name());
+            assert_eq!(x.grid, (g.chunks as u32, tiles * (tiles + 1) / 2, 1));
+            let next: Vec<Kernel> = fp16.launches[k + 1..k + 3].iter().map(|l| l.kernel).collect();
+            assert_eq!(next, [Kernel::GramWideReduce, Kernel::GramWideFinish]);
+            assert!(fp16.launches[k..k + 3].iter().all(|l| l.stage == x.stage));
+        }
         // the normalizations' sqrt(var + eps) chains are finished by the Gram launch's last
         // block: no launch of their own, each in one Gram launch's tail, and with the fusion
         // off they launch again
@@ -1341,7 +1455,7 @@ fn modulated_normalizations_take_gram_moments() {
         let tails: Vec<u64> = fp16
             .launches
             .iter()
-            .filter(|x| x.kernel == Kernel::MomentsGram)
+            .filter(|x| x.kernel.finishes_gram())
             .flat_map(|x| params::<NnMomentsGram>(&fp16, x).tail)
             .filter(|&t| t != 0)
             .collect();
@@ -1384,10 +1498,9 @@ fn modulated_normalizations_take_gram_moments() {
         .unwrap();
         assert!(unchained.stat_chains.is_empty());
         assert_eq!(unchained.launches.len(), fp16.launches.len() + chains);
-        assert_eq!(
-            count(&no_mma, Kernel::MomentsGram) + count(&fp32, Kernel::MomentsGram),
-            0
-        );
+        for k in [Kernel::MomentsGram, Kernel::GramWide] {
+            assert_eq!(count(&no_mma, k) + count(&fp32, k), 0);
+        }
         // each takes the place of two statistics passes (the tensor's and the convolution's)
         // and the convolution
         assert_eq!(

@@ -809,7 +809,7 @@ impl NeuralGpu {
                     .iter()
                     .position(|l| {
                         l.stage == sp.stage
-                            && matches!(l.kernel, Kernel::Moments | Kernel::MomentsGram)
+                            && (l.kernel == Kernel::Moments || l.kernel.finishes_gram())
                     })
                     .map_or(from, |p| p + 1);
                 this.enqueue_range(from, to)?;
@@ -837,7 +837,7 @@ impl NeuralGpu {
                     if done.is_some_and(|d| chain.stage > d)
                         && ran
                             .iter()
-                            .any(|l| l.kernel == Kernel::MomentsGram && l.stage == *gram)
+                            .any(|l| l.kernel.finishes_gram() && l.stage == *gram)
                     {
                         this.enqueue(chain)?;
                     }

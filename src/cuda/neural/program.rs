@@ -74,6 +74,43 @@ pub const fn gram_pairs(c: usize) -> usize {
     let tiles = c.div_ceil(GRAM_TILE);
     tiles * (tiles + 1) / 2
 }
+/// Wide Gram moments (`nn_gram_wide` and its reduce and finish launches) for
+/// `GRAM_CHANNELS < C <= GRAM_WIDE_MAX`: threads a block, channels a tile (the 64x64 block of
+/// products a block sums), the sums a block writes (those products, then a tile's channel
+/// sums), the blocks a launch aims at (chunks of the pixels times pairs of tiles), and the
+/// 1x1 convolution's outputs a finishing block computes.
+pub const GRAM_WIDE_THREADS: u32 = 256;
+pub const GRAM_WIDE_TILE: usize = 64;
+pub const GRAM_WIDE_MAX: usize = 256;
+pub const GRAM_WIDE_SUMS: usize = GRAM_WIDE_TILE * GRAM_WIDE_TILE + GRAM_WIDE_TILE;
+pub const GRAM_WIDE_BLOCKS: u64 = 256;
+pub const GRAM_WIDE_OUTS: usize = 8;
+/// Pixels a wide Gram block stages at a time.
+const GRAM_WIDE_STEP: u64 = 64;
+
+/// The pairs of 64-channel tiles (a <= b) of wide Gram moments over `c` channels.
+pub const fn gram_wide_pairs(c: usize) -> usize {
+    let tiles = c.div_ceil(GRAM_WIDE_TILE);
+    tiles * (tiles + 1) / 2
+}
+
+/// The chunks of `hw` pixels a wide Gram launch over `c` channels splits each pair's sums
+/// into: about [`GRAM_WIDE_BLOCKS`] blocks in all, at least one 64-pixel step each.
+pub fn gram_wide_chunks(hw: u64, c: usize) -> u32 {
+    let pairs = gram_wide_pairs(c) as u64;
+    GRAM_WIDE_BLOCKS
+        .div_ceil(pairs)
+        .clamp(1, hw.div_ceil(GRAM_WIDE_STEP).max(1)) as u32
+}
+
+/// Whether Gram moments take an fp16 tensor of `c` channels and `hw` pixels: up to
+/// [`GRAM_CHANNELS`] in one launch; up to [`GRAM_WIDE_MAX`] (a multiple of 16, and `hw` a
+/// multiple of 8 so that an NCHW channel's 8-pixel chunks stay 16-byte aligned) in the wide
+/// launches when `wide`.
+pub fn gram_takes(c: usize, hw: usize, wide: bool) -> bool {
+    c <= GRAM_CHANNELS
+        || (wide && c <= GRAM_WIDE_MAX && c.is_multiple_of(GRAM_TILE) && hw.is_multiple_of(8))
+}
 pub const ELEMENTWISE_THREADS: u32 = 256;
 /// Ops and operands one fused elementwise launch carries.
 pub const EW_MAX_OPS: usize = 16;
@@ -278,12 +315,15 @@ pub struct NnMomentsGram {
     /// Elementwise chains (`NnEltwise` blocks, 0 for none) over these statistics and
     /// constants, run in order by the last block once the statistics are stored.
     pub tail: [u64; GRAM_TAILS],
+    /// Wide launches only: double [c][c] E[x x^T], then [c] E[x] (`nn_gram_wide_reduce`).
+    pub gram: u64,
     pub hw: i64,
     pub c: i32,
     pub cout: i32,
     /// Non-zero: x is channels-last (`c` a multiple of 16: 2c bytes a pixel).
     pub cl: i32,
-    pub align: i32,
+    /// Wide launches only: the pixel chunks of each pair (`gram_wide_chunks`).
+    pub chunks: i32,
 }
 }
 
@@ -420,6 +460,10 @@ pub fn header() -> String {
         Define::int("NN_GRAM_TOTAL", GRAM_TOTAL as i64),
         Define::int("NN_GRAM_UNROLL", GRAM_UNROLL as i64),
         Define::int("NN_GRAM_TAILS", GRAM_TAILS as i64),
+        Define::int("NN_GRAM_WIDE_THREADS", GRAM_WIDE_THREADS as i64),
+        Define::int("NN_GRAM_WIDE_MAX", GRAM_WIDE_MAX as i64),
+        Define::int("NN_GRAM_WIDE_SUMS", GRAM_WIDE_SUMS as i64),
+        Define::int("NN_GRAM_WIDE_OUTS", GRAM_WIDE_OUTS as i64),
         Define::int("NN_EW_AFFINE_VEC", EW_AFFINE_VEC as i64),
         Define::int("NN_EW_LAST_MAX", EW_LAST_MAX as i64),
         Define::int("NN_PRE_MAX", PRE_MAX as i64),
@@ -554,6 +598,10 @@ pub enum Kernel {
     ConvMma(bool, u8, MmaGather),
     Moments,
     MomentsGram,
+    /// Wide Gram moments: the partial sums, their reduction, the finishing.
+    GramWide,
+    GramWideReduce,
+    GramWideFinish,
     NormApply,
     Eltwise,
     Copy,
@@ -565,7 +613,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// How many kernels kernels/neural.cu defines.
-    pub const COUNT: usize = 47;
+    pub const COUNT: usize = 50;
 
     /// Every kernel: the tensor-core variants (output fp32/fp16 x 1, 2, 4, 8 channel tiles x
     /// planar/channels-last gather, and the tap-packed fp16 ones), then the rest.
@@ -623,6 +671,9 @@ impl Kernel {
             Kernel::Conv(true, true),
             Kernel::Moments,
             Kernel::MomentsGram,
+            Kernel::GramWide,
+            Kernel::GramWideReduce,
+            Kernel::GramWideFinish,
             Kernel::NormApply,
             Kernel::Eltwise,
             Kernel::Copy,
@@ -639,6 +690,11 @@ impl Kernel {
         assert!(n == Kernel::COUNT, "Kernel::COUNT is the number of kernels");
         all
     };
+
+    /// The launch that stores Gram moments' statistics and runs their chains.
+    pub const fn finishes_gram(self) -> bool {
+        matches!(self, Kernel::MomentsGram | Kernel::GramWideFinish)
+    }
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -683,6 +739,9 @@ impl Kernel {
             Kernel::ConvMma(true, _, MmaGather::ChannelsLastPaired) => "nn_conv_mma_hh_1_cp",
             Kernel::Moments => "nn_moments",
             Kernel::MomentsGram => "nn_moments_gram",
+            Kernel::GramWide => "nn_gram_wide",
+            Kernel::GramWideReduce => "nn_gram_wide_reduce",
+            Kernel::GramWideFinish => "nn_gram_wide_finish",
             Kernel::NormApply => "nn_norm_apply",
             Kernel::Eltwise => "nn_eltwise",
             Kernel::Copy => "nn_copy",
@@ -781,6 +840,9 @@ pub struct Fusions {
     /// Gram moments for the modulated normalization (`gram_moments`): the 1x1 convolution and
     /// both statistics passes do not run. `TOONFLOW_NEURAL_GRAM=0` turns it off.
     pub gram: bool,
+    /// Gram moments also for 33 to 256 channels (`gram_takes`: three launches,
+    /// `nn_gram_wide`). `TOONFLOW_NEURAL_GRAM_WIDE=0` turns it off.
+    pub gram_wide: bool,
     /// Paired horizontal taps for narrow channels-last convolutions
     /// (`MmaGather::ChannelsLastPaired`). `TOONFLOW_NEURAL_PAIRED=0` turns it off.
     pub paired: bool,
@@ -836,6 +898,7 @@ pub struct Fusions {
 impl Fusions {
     pub const ALL: Fusions = Fusions {
         gram: true,
+        gram_wide: true,
         paired: true,
         fixed_shapes: true,
         prologue: true,
@@ -854,6 +917,7 @@ impl Fusions {
     };
     pub const NONE: Fusions = Fusions {
         gram: false,
+        gram_wide: false,
         paired: false,
         fixed_shapes: false,
         prologue: false,
@@ -886,6 +950,7 @@ impl Fusions {
     pub fn from_env() -> Self {
         Fusions {
             gram: switch("TOONFLOW_NEURAL_GRAM", true),
+            gram_wide: switch("TOONFLOW_NEURAL_GRAM_WIDE", true),
             paired: switch("TOONFLOW_NEURAL_PAIRED", true),
             fixed_shapes: switch("TOONFLOW_NEURAL_3X3", true),
             prologue: switch("TOONFLOW_NEURAL_PROLOGUE", true),
@@ -1872,7 +1937,7 @@ fn gram_moments(l: &Lowered, storage: &Storage, half_of: &HashMap<String, bool>)
             || stride != (1, 1)
             || xs.len() != 4
             || xs[0] != 1
-            || xs[1] > GRAM_CHANNELS
+            || !gram_takes(xs[1], xs[2..].iter().product(), storage.fusions.gram_wide)
             || vs.len() != 4
             || xs[2..] != vs[2..]
             || w.shape[1] != xs[1]
@@ -2040,10 +2105,9 @@ fn channels_last_values(
             let reader_ok = |j: usize| {
                 let s = &l.stages[j];
                 tensor_core_reader(j, v)
-                    // the Gram moments read a pixel's 16-channel chunks; their 1x1
-                    // convolution does not run
+                    // the Gram moments read a pixel's 16-channel chunks (the wide ones its
+                    // 64-channel tiles' 8-channel chunks); their 1x1 convolution does not run
                     || ((c as usize).is_multiple_of(GRAM_TILE)
-                        && c as usize <= GRAM_CHANNELS
                         && grams.iter().any(|g| g.own == j || g.conv == j))
                     // the statistics kernel reads 8 channels a pixel, an instance
                     // normalization's application either layout
@@ -2621,12 +2685,28 @@ fn build_program(
         }
     }
     let counter = st.reserve(4 * max_c.max(1));
-    let gram_partial = if grams.is_empty() {
+    let mut gram_partial = if grams.is_empty() {
         0
     } else {
         8 * GRAM_SUMS as u64 * GRAM_MAX_BLOCKS as u64 * GRAM_MAX_PAIRS as u64
     };
+    // the wide launches' partial sums and their reduction (E[x x^T], E[x]), in double
+    let mut gram_wide_bytes = 0;
+    for g in grams {
+        let xs = &l.shapes[&l.stages[g.own].stats.as_ref().expect("a Gram stage").input];
+        let (c, hw) = (xs[1], xs[2..].iter().product::<usize>() as u64);
+        if c > GRAM_CHANNELS {
+            let sums = GRAM_WIDE_SUMS as u64 * gram_wide_pairs(c) as u64;
+            gram_partial = gram_partial.max(8 * sums * gram_wide_chunks(hw, c) as u64);
+            gram_wide_bytes = gram_wide_bytes.max(8 * (c * c + c) as u64);
+        }
+    }
     let partial = st.reserve((16 * max_c.max(1) * max_blocks).max(gram_partial));
+    let gram_wide = if gram_wide_bytes > 0 {
+        st.reserve(gram_wide_bytes)
+    } else {
+        0
+    };
     let mut stats = Vec::new();
     let mut stats_of: HashMap<usize, (u64, u64, u64, u64, u64)> = HashMap::new();
     for (i, s) in l.stages.iter().enumerate() {
@@ -2738,19 +2818,44 @@ fn build_program(
                     y_state_var,
                     y_state_primed,
                     tail: [0; GRAM_TAILS],
+                    gram: 0,
                     hw: hw as i64,
                     c: xs[1] as i32,
                     cout: l.shapes[&l.stages[g.conv].outputs[0]][1] as i32,
                     cl: x.channels_last.is_some() as i32,
-                    align: 0,
+                    chunks: 0,
                 };
-                blocks.push((
-                    Kernel::MomentsGram,
-                    bytemuck::bytes_of(&p).to_vec(),
-                    (gram_blocks(hw as u64), gram_pairs(xs[1]) as u32, 1),
-                    (GRAM_THREADS, 1, 1),
-                    i,
-                ));
+                if xs[1] <= GRAM_CHANNELS {
+                    blocks.push((
+                        Kernel::MomentsGram,
+                        bytemuck::bytes_of(&p).to_vec(),
+                        (gram_blocks(hw as u64), gram_pairs(xs[1]) as u32, 1),
+                        (GRAM_THREADS, 1, 1),
+                        i,
+                    ));
+                } else {
+                    // the partial sums, their reduction, the finishing (and the chains)
+                    let chunks = gram_wide_chunks(hw as u64, xs[1]);
+                    let pairs = gram_wide_pairs(xs[1]) as u32;
+                    let p = NnMomentsGram {
+                        gram: gram_wide,
+                        chunks: chunks as i32,
+                        ..p
+                    };
+                    let bytes = bytemuck::bytes_of(&p).to_vec();
+                    let entries = pairs * GRAM_WIDE_SUMS as u32;
+                    let finishing = (p.cout as u32).div_ceil(GRAM_WIDE_OUTS as u32);
+                    for (kernel, grid) in [
+                        (Kernel::GramWide, (chunks, pairs, 1)),
+                        (
+                            Kernel::GramWideReduce,
+                            (entries.div_ceil(GRAM_WIDE_THREADS), 1, 1),
+                        ),
+                        (Kernel::GramWideFinish, (finishing, 1, 1)),
+                    ] {
+                        blocks.push((kernel, bytes.clone(), grid, (GRAM_WIDE_THREADS, 1, 1), i));
+                    }
+                }
             }
             StageKind::Conv => {
                 let conv_at = s
@@ -3759,7 +3864,7 @@ fn build_program(
         ));
         let gram = blocks
             .iter_mut()
-            .find(|b| b.0 == Kernel::MomentsGram && b.4 == own)
+            .find(|b| b.0.finishes_gram() && b.4 == own)
             .expect("a statistics chain's Gram launch");
         let mut g: NnMomentsGram = bytemuck::pod_read_unaligned(&gram.1);
         let slot = g
