@@ -332,14 +332,10 @@ mod tests {
     /// The virtual target loses nothing: NVRTC's PTX for compute_XY is the PTX for sm_XY, byte
     /// for byte (the classic kernels, fp16 at sm_90 and fp32 at sm_75), and it names the real
     /// architecture as its target, which the disk cache checks. Needs NVRTC, not a GPU; without
-    /// it the test says so and passes, unless TOONFLOW_REQUIRE_NVRTC=1 (CI).
+    /// it the test says so and passes (tests/nvrtc_compile.rs is the one that fails then in CI).
     #[test]
     fn the_virtual_architecture_gives_the_same_ptx() {
         if !nvrtc_present() {
-            assert!(
-                !std::env::var("TOONFLOW_REQUIRE_NVRTC").is_ok_and(|v| v == "1"),
-                "TOONFLOW_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded"
-            );
             println!("skipped: libnvrtc cannot be loaded (scripts/test.sh installs it)");
             return;
         }
