@@ -28,9 +28,10 @@
 //   (the element's NV12 conversions and output filter are in neural_frame.cu; the fp16
 //   storage helpers in fp16.cuh, prepended by the host)
 
-// The kernels compile as NN_PARTS programs, NVRTC on as many threads at once (program.rs,
-// NEURAL_PARTS): part NN_PART defines the kernels between `#if NN_IN_PART(NN_PART)` and its
-// `#endif`; without NN_PART (one program) every kernel is defined
+// The kernels compile as several programs, NVRTC on as many threads at once
+// (src/cuda/neural/mod.rs, PARTS): part NN_PART defines the kernels between
+// `#if NN_IN_PART(NN_PART)` and its `#endif`; without NN_PART (one program) every kernel is
+// defined
 #ifdef NN_PART
 #define NN_IN_PART(n) (NN_PART == (n))
 #else

@@ -168,16 +168,28 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<NeuralKernels>, CudaError> 
                     .collect()
             });
             let modules = loaded.into_iter().collect::<Result<Vec<_>, _>>()?;
+            // the lookups below run on this thread (the loads ran on their own)
+            ctx.bind_to_thread()
+                .map_err(driver("cuCtxSetCurrent (neural kernels)"))?;
             let mut functions = HashMap::new();
             for kernel in Kernel::ALL {
                 let name = kernel.name();
-                // each kernel is defined in one part (tests/nvrtc_compile.rs checks it)
-                let f = modules
-                    .iter()
-                    .find_map(|m| m.load_function(name).ok())
-                    .ok_or_else(|| {
-                        CudaError::Failed(format!("kernel {name}: in none of neural.cu's parts"))
-                    })?;
+                // each kernel is defined in one part (tests/nvrtc_compile.rs checks it): a part
+                // without it answers "not found", any other failure is the driver's error
+                let mut found = None;
+                for module in &modules {
+                    match module.load_function(name) {
+                        Ok(f) => {
+                            found = Some(f);
+                            break;
+                        }
+                        Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_FOUND => {}
+                        Err(e) => return Err(driver(format!("kernel {name}"))(e)),
+                    }
+                }
+                let f = found.ok_or_else(|| {
+                    CudaError::Failed(format!("kernel {name}: in none of neural.cu's parts"))
+                })?;
                 // the tensor-core convolutions may take more than the default 48 KiB of dynamic
                 // shared memory (the double-buffered fixed 3x3); their mma.sync needs sm_80, where
                 // every card allows at least 99 KiB a block
