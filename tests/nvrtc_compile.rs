@@ -16,7 +16,9 @@ use std::panic::catch_unwind;
 
 use common::TempDir;
 
-use gsttoonflow::cuda::kernels::{KERNEL_FILE, KERNEL_NAMES, compile, compile_with_disk_cache};
+use gsttoonflow::cuda::kernels::{
+    KERNEL_FILE, KERNEL_NAMES, assemble, compile, compile_with_disk_cache, exact_math, full_source,
+};
 use gsttoonflow::cuda::{neural, neural_frame};
 use gsttoonflow::pipeline::Precision;
 
@@ -198,6 +200,50 @@ fn neural_kernels_compile_for_every_target_architecture() {
             took(ms)
         );
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every kernel file assembles for every target architecture: NVRTC for the real `sm_XY`
+/// runs the assembler the element's own build (for `compute_XY`) leaves to the driver, which
+/// reports an instruction the architecture lacks, too much shared memory or too many registers
+/// for a kernel's launch bounds. One thread an architecture.
+#[test]
+fn kernels_assemble_for_every_target_architecture() {
+    if skipped_without_nvrtc() {
+        return;
+    }
+    let builds: Vec<(&'static str, String, bool)> = vec![
+        (KERNEL_FILE, full_source(Precision::Fp16), !exact_math()),
+        (KERNEL_FILE, full_source(Precision::Fp32), !exact_math()),
+        (neural::KERNEL_FILE, neural::full_source(), true),
+        (
+            neural_frame::KERNEL_FILE,
+            neural_frame::full_source(),
+            false,
+        ),
+    ];
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let threads: Vec<_> = ARCHES
+            .iter()
+            .map(|&arch| {
+                let builds = &builds;
+                scope.spawn(move || {
+                    let mut failures = Vec::new();
+                    for (file, source, fmad) in builds {
+                        match assemble(file, arch, source, *fmad) {
+                            Ok(ms) => println!("assembled {file} for {arch} in {ms:.0} ms"),
+                            Err(e) => failures.push(format!("{file} {arch}: {e}")),
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("an assembling thread panicked"))
+            .collect()
+    });
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

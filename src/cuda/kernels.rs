@@ -111,6 +111,37 @@ fn nvrtc_options(arch: &str, fmad: bool) -> Vec<String> {
     ]
 }
 
+/// NVRTC for the real architecture `arch` (sm_XY) with the element's other options: NVRTC then
+/// also assembles the PTX for the device (ptxas inside NVRTC), which reports what the element's
+/// own build ([`virtual_arch`]) leaves to the driver at load: an instruction the architecture
+/// lacks, too much shared memory or too many registers for a kernel's launch bounds. The cubin
+/// is dropped; returns NVRTC's milliseconds. For the tests (no GPU needed).
+pub fn assemble(
+    file: &'static str,
+    arch: &str,
+    source: &str,
+    fmad: bool,
+) -> Result<f64, CudaError> {
+    let start = Instant::now();
+    compile_to_ptx(file, arch, source, real_arch_options(arch, fmad), false)?;
+    Ok(start.elapsed().as_secs_f64() * 1e3)
+}
+
+/// [`nvrtc_options`] with the real architecture as NVRTC's target.
+fn real_arch_options(arch: &str, fmad: bool) -> Vec<String> {
+    let target = format!("--gpu-architecture={}", virtual_arch(arch));
+    nvrtc_options(arch, fmad)
+        .into_iter()
+        .map(|o| {
+            if o == target {
+                format!("--gpu-architecture={arch}")
+            } else {
+                o
+            }
+        })
+        .collect()
+}
+
 /// The virtual architecture of a real one ("sm_90" -> "compute_90"). NVRTC writes the same PTX
 /// for both, but for a real architecture it also assembles a cubin, which toonflow never loads
 /// (it loads the PTX, which the driver compiles for the device): for the neural kernels at
@@ -327,6 +358,17 @@ mod tests {
         let options = nvrtc_options("sm_89", true);
         assert!(options.contains(&"--gpu-architecture=compute_89".to_string()));
         assert!(!options.iter().any(|o| o.contains("sm_")));
+        // the assembler check's options differ only in the target
+        let real = real_arch_options("sm_89", true);
+        assert_eq!(real.len(), options.len());
+        let differ: Vec<_> = real.iter().zip(&options).filter(|(a, b)| a != b).collect();
+        assert_eq!(
+            differ,
+            [(
+                &"--gpu-architecture=sm_89".to_string(),
+                &"--gpu-architecture=compute_89".to_string()
+            )]
+        );
     }
 
     /// The virtual target loses nothing: NVRTC's PTX for compute_XY is the PTX for sm_XY, byte
@@ -339,20 +381,16 @@ mod tests {
             println!("skipped: libnvrtc cannot be loaded (scripts/test.sh installs it)");
             return;
         }
+        let fmad = !exact_math();
         for (precision, arch) in [(Precision::Fp16, "sm_90"), (Precision::Fp32, "sm_75")] {
             let source = full_source(precision);
-            let ptx = |target: &str| {
-                let mut options = nvrtc_options(arch, true);
-                for o in &mut options {
-                    if o.starts_with("--gpu-architecture=") {
-                        *o = format!("--gpu-architecture={target}");
-                    }
-                }
+            let ptx = |options: Vec<String>| {
                 compile_to_ptx(KERNEL_FILE, arch, &source, options, false)
                     .unwrap_or_else(|e| panic!("{arch}: {e}"))
                     .to_src()
             };
-            let (real, virt) = (ptx(arch), ptx(&virtual_arch(arch)));
+            let real = ptx(real_arch_options(arch, fmad));
+            let virt = ptx(nvrtc_options(arch, fmad));
             assert!(real == virt, "{arch} {precision:?}: the PTX differs");
             assert!(virt.lines().any(|l| l == format!(".target {arch}")));
         }

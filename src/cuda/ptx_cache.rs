@@ -1,5 +1,5 @@
 //! The on-disk cache of NVRTC's PTX: a process that starts the element again reads the PTX an
-//! earlier one compiled instead of paying NVRTC (about 18 s for kernels/neural.cu on 2 cores).
+//! earlier one compiled instead of paying NVRTC (about 20 s for kernels/neural.cu on 2 cores).
 //!
 //! One file per build, `<dir>/<file-stem>-<arch>-<key>.ptx`, the key a 64-bit FNV-1a hash of
 //! everything the PTX depends on ([`key`]), so a changed kernel, option, NVRTC or toonflow is a
