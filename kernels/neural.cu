@@ -30,6 +30,16 @@
 //   (the element's NV12 conversions and output filter are in neural_frame.cu; the fp16
 //   storage helpers in fp16.cuh, prepended by the host)
 
+// The kernels compile as several programs, NVRTC on as many threads at once
+// (src/cuda/neural/mod.rs, PARTS): part NN_PART defines the kernels between
+// `#if NN_IN_PART(NN_PART)` and its `#endif`; without NN_PART (one program) every kernel is
+// defined
+#ifdef NN_PART
+#define NN_IN_PART(n) (NN_PART == (n))
+#else
+#define NN_IN_PART(n) 1
+#endif
+
 #define NN_ACT_NONE 0
 #define NN_ACT_RELU 1
 #define NN_ACT_LEAKY 2
@@ -1226,6 +1236,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
 #endif
 }
 
+#if NN_IN_PART(1) // the planar gathers
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hf_1(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_PLANAR>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hf_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, NN_GATHER_PLANAR>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hf_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, NN_GATHER_PLANAR>(p); }
@@ -1234,6 +1245,8 @@ extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1(const NnConv* __rest
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_PLANAR>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_PLANAR>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_PLANAR>(p); }
+#endif // NN_IN_PART(1)
+#if NN_IN_PART(2) // the general channels-last and tap-packed gathers
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hf_1_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CHANNELS_LAST>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hf_2_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 2, NN_GATHER_CHANNELS_LAST>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hf_4_cl(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 4, NN_GATHER_CHANNELS_LAST>(p); }
@@ -1247,6 +1260,8 @@ extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_tp(const NnConv* __r
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TAP_PACKED>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(8) nn_conv_mma_hh_8_tp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_TAP_PACKED>(p); }
+#endif // NN_IN_PART(2)
+#if NN_IN_PART(3) // the fixed 3x3 and 1x1 shapes
 extern "C" __global__ void NN_TC_BOUNDS(1) nn_conv_mma_hh_1_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3>(p); }
 extern "C" __global__ void NN_TC_BOUNDS(2) nn_conv_mma_hh_2_c3p(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 2, NN_GATHER_CL_3X3, true>(p); }
@@ -1255,6 +1270,8 @@ extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
 // (eight tiles at 128 registers, 4 blocks a multiprocessor: it fits without spills, 142 unbounded)
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3>(p); }
+#endif // NN_IN_PART(3)
+#if NN_IN_PART(4) // the fixed shapes through a Resize, of stride 2, 7x7
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3_RS>(p); }
 // the staged Resize patch at four tiles: launched double-buffered only (program.rs,
 // fixed_shape_matches)
@@ -1266,11 +1283,14 @@ extern "C" __global__ void NN_TC_STEM_BOUNDS(2) nn_conv_mma_hh_2_t7(const NnConv
 extern "C" __global__ void NN_TC_STEM_BOUNDS(4) nn_conv_mma_hh_4_t7(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_TP_7X7>(p); }
 extern "C" __global__ void NN_TC_TALL_BOUNDS(1) nn_conv_mma_hf_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF32, 1, NN_GATHER_CL_PAIRED>(p); }
 extern "C" __global__ void NN_TC_TALL_BOUNDS(1) nn_conv_mma_hh_1_cp(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 1, NN_GATHER_CL_PAIRED>(p); }
+#endif // NN_IN_PART(4)
 
+#if NN_IN_PART(0) // the CUDA-core convolutions and (each in its own #if) every kernel below
 extern "C" __global__ void nn_conv_ff(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF32>(p); }
 extern "C" __global__ void nn_conv_fh(const NnConv* __restrict__ p) { nn_conv_body<NnF32, NnF16>(p); }
 extern "C" __global__ void nn_conv_hf(const NnConv* __restrict__ p) { nn_conv_body<NnF16, NnF32>(p); }
 extern "C" __global__ void nn_conv_hh(const NnConv* __restrict__ p) { nn_conv_body<NnF16, NnF16>(p); }
+#endif // NN_IN_PART(0)
 
 // ---------------------------------------------------------------------------------------------
 // Normalization statistics
@@ -1393,6 +1413,7 @@ __device__ __forceinline__ void nn_moments_cl(const NnMoments* __restrict__ p)
 // a channel's plane (sum and sum of squares, double); the last block of the channel (counted
 // with an atomic, reset by that block) adds the partials in a fixed order, writes mean and
 // variance through the smoother (nn_smooth_store).
+#if NN_IN_PART(0)
 extern "C" __global__ void nn_moments(const NnMoments* __restrict__ p)
 {
     if (p->x_cl) {
@@ -1465,6 +1486,7 @@ extern "C" __global__ void nn_moments(const NnMoments* __restrict__ p)
     nn_smooth_store(c, mean, var, p->control, p->state_mean, p->state_var, p->state_primed,
                     p->mean, p->var);
 }
+#endif
 
 // Gram moments (sm_80+) of an fp16 tensor x of C <= NN_GRAM_CHANNELS channels (NCHW, or
 // channels-last: `cl`, below): its per-channel sums and the C x C sums of products x x^T over
@@ -1524,6 +1546,7 @@ __device__ __forceinline__ float nn_half_pair_sum(unsigned int w)
 __device__ __forceinline__ int nn_gram_tile_a(int pair) { return pair == 2 ? 1 : 0; }
 __device__ __forceinline__ int nn_gram_tile_b(int pair) { return pair == 0 ? 0 : 1; }
 
+#if NN_IN_PART(0)
 extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(const NnMomentsGram* __restrict__ p)
 {
     // the warps' sums after the loop; during it, the channels-last staging (NN_GRAM_UNROLL
@@ -1760,6 +1783,7 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
     }
     nn_gram_tails(p);
 }
+#endif
 
 // Wide Gram moments (sm_80+): the same statistics as nn_moments_gram for an fp16 tensor x of
 // NN_GRAM_CHANNELS < C <= NN_GRAM_WIDE_MAX channels (NCHW with hw a multiple of 8, or
@@ -2043,6 +2067,7 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_WIDE_THREADS) nn_gram_wide_
 }
 
 // y = (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + bias[c], then the activation.
+#if NN_IN_PART(0)
 extern "C" __global__ void nn_norm_apply(const NnNormApply* __restrict__ p)
 {
     const long long total = (long long)p->c * p->hw;
@@ -2072,6 +2097,7 @@ extern "C" __global__ void nn_norm_apply(const NnNormApply* __restrict__ p)
         nn_store(p->y, i, p->y_half, nn_activate(y, p->act, p->act_a, p->act_b));
     }
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Elementwise chains
@@ -2372,6 +2398,7 @@ __device__ __forceinline__ void nn_eltwise_affine_last(const NnEltwise& s)
 // ref -1 = the chain's value so far, else operand table entry; each operand is broadcast to the
 // output's 4-D shape by its strides (0 along broadcast axes). 32-bit index math when the tensor
 // allows (the divisions dominate otherwise).
+#if NN_IN_PART(0)
 extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
 {
     __shared__ NnEltwise s;
@@ -2404,6 +2431,7 @@ extern "C" __global__ void nn_eltwise(const NnEltwise* __restrict__ p)
                                       (long long)gridDim.x * blockDim.x);
     }
 }
+#endif
 
 // One value a thread of the block, one chain after the other: the statistics were stored by
 // this block, hence the loads through L2. The host gives a tail only small chains over
@@ -2446,6 +2474,7 @@ __device__ __forceinline__ void nn_copy_body(const NnCopy* __restrict__ p)
 
 // dst[dst_offset + sum(i_k * dst_strides[k])] = src[src_offset + sum(i_k * src_strides[k])]
 // over the 4-D index space dims (32-bit index math when the tensors allow).
+#if NN_IN_PART(0)
 extern "C" __global__ void nn_copy(const NnCopy* __restrict__ p)
 {
     const long long total = (long long)p->dims[0] * p->dims[1] * p->dims[2] * p->dims[3];
@@ -2454,6 +2483,7 @@ extern "C" __global__ void nn_copy(const NnCopy* __restrict__ p)
     else
         nn_copy_body<long long>(p);
 }
+#endif
 
 // Separable resize of the last two axes of [planes, in_h, in_w] to [planes, out_h, out_w]: each
 // output row and column reads two source rows/columns with the weights of the taps tables
@@ -2478,6 +2508,7 @@ __device__ __forceinline__ void nn_resize_body(const NnResize* __restrict__ p)
     }
 }
 
+#if NN_IN_PART(0)
 extern "C" __global__ void nn_resize(const NnResize* __restrict__ p)
 {
     const long long total = (long long)p->planes * p->out_h * p->out_w;
@@ -2486,8 +2517,10 @@ extern "C" __global__ void nn_resize(const NnResize* __restrict__ p)
     else
         nn_resize_body<long long>(p);
 }
+#endif
 
 // Softmax of each of `rows` rows of `len` values: one block per row, three passes.
+#if NN_IN_PART(0)
 extern "C" __global__ void nn_softmax(const NnSoftmax* __restrict__ p)
 {
     __shared__ float fshared[32];
@@ -2522,6 +2555,7 @@ extern "C" __global__ void nn_softmax(const NnSoftmax* __restrict__ p)
     for (long long i = threadIdx.x; i < p->len; i += blockDim.x)
         nn_store(p->y, base + i, p->y_half, expf(nn_load(p->x, base + i, p->x_half) - mx) * inv);
 }
+#endif
 
 // atomicAdd on doubles: native from sm_60, a compare-and-swap loop before
 __device__ __forceinline__ void nn_atomic_add_f64(double* a, double v)
@@ -2543,6 +2577,7 @@ __device__ __forceinline__ void nn_atomic_add_f64(double* a, double v)
 // magnitude, and how many values are not finite, added into the parameter block's result
 // fields; the host reads the 40-byte block back, not the whole tensor. Each thread sums its
 // values in double, as the host's record does.
+#if NN_IN_PART(0)
 extern "C" __global__ void nn_range(NnRange* __restrict__ p)
 {
     const long long n = (long long)p->n;
@@ -2573,3 +2608,4 @@ extern "C" __global__ void nn_range(NnRange* __restrict__ p)
             atomicAdd(&p->non_finite, non_finite);
     }
 }
+#endif

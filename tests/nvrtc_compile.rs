@@ -158,10 +158,49 @@ fn compile_everywhere(
 }
 
 /// kernels/neural.cu (the style network's kernels, one build for both storage precisions: the
-/// storage of each buffer is chosen per launch).
+/// storage of each buffer is chosen per launch), as its `neural::PARTS` programs: every part
+/// compiles, and every kernel is defined in exactly one of them.
 #[test]
 fn neural_kernels_compile_for_every_target_architecture() {
-    compile_everywhere(neural::KERNEL_FILE, &neural::KERNEL_NAMES, neural::compile);
+    if skipped_without_nvrtc() {
+        return;
+    }
+    let file = neural::KERNEL_FILE;
+    let mut failures = Vec::new();
+    for arch in ARCHES {
+        let (parts, ms) = match neural::compile(arch) {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(format!("{file} {arch}: {e}"));
+                continue;
+            }
+        };
+        assert_eq!(parts.len(), neural::PARTS as usize, "{arch}");
+        for (part, ptx) in parts.iter().enumerate() {
+            assert!(
+                ptx.contains(&format!(".target {arch}")),
+                "{arch} part {part}"
+            );
+        }
+        for name in neural::KERNEL_NAMES {
+            let entry = format!(".entry {name}(");
+            let defined: Vec<usize> = (0..parts.len())
+                .filter(|&part| parts[part].contains(&entry))
+                .collect();
+            assert!(
+                defined.len() == 1,
+                "{file} {arch}: {name} is defined in parts {defined:?}, not in exactly one"
+            );
+        }
+        println!(
+            "compiled {file} for {arch}: {} kernels in {} parts, {} bytes of PTX {}",
+            neural::KERNEL_NAMES.len(),
+            parts.len(),
+            parts.iter().map(String::len).sum::<usize>(),
+            took(ms)
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Every kernel file assembles for every target architecture: NVRTC for the real `sm_XY`

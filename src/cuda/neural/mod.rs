@@ -49,21 +49,70 @@ pub fn full_source() -> String {
     )
 }
 
-static PTX_CACHE: Lazy<Mutex<HashMap<String, String>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+/// The programs kernels/neural.cu is compiled as, each defining its share of the kernels
+/// (`#if NN_IN_PART(n)` there) and compiled on its own thread: NVRTC compiles one program on
+/// one core, and the whole file took 22.6 s on an H100's host; its largest part takes about a
+/// quarter of that. A kernel's PTX is the same in its part as in the whole file (up to the
+/// numbering of its branch labels).
+pub const PARTS: u32 = 5;
+
+/// The translation unit of part `part` (< [`PARTS`]): `NN_PART` defined, then [`full_source`].
+pub fn part_source(part: u32) -> String {
+    format!("#define NN_PART {part}\n{}", full_source())
+}
+
+static PTX_CACHE: Lazy<Mutex<HashMap<(String, u32), String>>> =
+    Lazy::new(|| Mutex::new(HashMap::new()));
 static MODULES: Lazy<Mutex<HashMap<usize, Arc<NeuralKernels>>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
 
-/// Compiles kernels/neural.cu to PTX for `arch` (e.g. "sm_90"); needs NVRTC, not a device.
+/// Compiles kernels/neural.cu to PTX for `arch` (e.g. "sm_90"), its [`PARTS`] programs at
+/// once, each on a thread of its own; needs NVRTC, not a device. Returns each part's PTX and
+/// the milliseconds NVRTC took from the first to the last (0 when every part was cached).
 /// `TOONFLOW_CUDA_FAULT=compile` makes it fail with NVRTC's own error.
-pub fn compile(arch: &str) -> Result<(String, f64), CudaError> {
-    compile_cached(
-        &PTX_CACHE,
-        arch.to_string(),
-        KERNEL_FILE,
-        arch,
-        full_source,
-        true,
-    )
+pub fn compile(arch: &str) -> Result<(Vec<String>, f64), CudaError> {
+    let start = Instant::now();
+    let parts: Vec<Result<(String, f64), CudaError>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..PARTS)
+            .map(|part| {
+                scope.spawn(move || {
+                    guard("NVRTC (neural.cu)", || {
+                        compile_cached(
+                            &PTX_CACHE,
+                            (arch.to_string(), part),
+                            KERNEL_FILE,
+                            arch,
+                            || part_source(part),
+                            true,
+                        )
+                    })
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join().unwrap_or_else(|_| {
+                    Err(CudaError::Failed(
+                        "an NVRTC thread (neural.cu) panicked".into(),
+                    ))
+                })
+            })
+            .collect()
+    });
+    let mut ptx = Vec::with_capacity(parts.len());
+    let mut compiled = false;
+    for part in parts {
+        let (text, ms) = part?;
+        compiled |= ms > 0.0;
+        ptx.push(text);
+    }
+    let ms = if compiled {
+        start.elapsed().as_secs_f64() * 1e3
+    } else {
+        0.0
+    };
+    Ok((ptx, ms))
 }
 
 /// The loaded kernels of one device.
@@ -91,15 +140,56 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<NeuralKernels>, CudaError> 
     let (ptx, compile_ms) = compile(&arch)?;
     let k =
         guard("loading the neural kernels", || {
-            let module = ctx
-                .load_module(Ptx::from_src(ptx))
-                .map_err(driver("cuModuleLoadData (neural.cu)"))?;
+            // each part's module on a thread of its own: the driver compiles the PTX for the
+            // device on first load (then from its own cache), one module on one core
+            let loaded: Vec<Result<_, CudaError>> = std::thread::scope(|scope| {
+                let threads: Vec<_> = ptx
+                    .into_iter()
+                    .enumerate()
+                    .map(|(part, text)| {
+                        scope.spawn(move || {
+                            guard("cuModuleLoadData (neural.cu)", || {
+                                ctx.load_module(Ptx::from_src(text)).map_err(driver(format!(
+                                    "cuModuleLoadData (neural.cu, part {part})"
+                                )))
+                            })
+                        })
+                    })
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| {
+                        t.join().unwrap_or_else(|_| {
+                            Err(CudaError::Failed(
+                                "a module-loading thread (neural.cu) panicked".into(),
+                            ))
+                        })
+                    })
+                    .collect()
+            });
+            let modules = loaded.into_iter().collect::<Result<Vec<_>, _>>()?;
+            // the lookups below run on this thread (the loads ran on their own)
+            ctx.bind_to_thread()
+                .map_err(driver("cuCtxSetCurrent (neural kernels)"))?;
             let mut functions = HashMap::new();
             for kernel in Kernel::ALL {
                 let name = kernel.name();
-                let f = module
-                    .load_function(name)
-                    .map_err(driver(format!("kernel {name}")))?;
+                // each kernel is defined in one part (tests/nvrtc_compile.rs checks it): a part
+                // without it answers "not found", any other failure is the driver's error
+                let mut found = None;
+                for module in &modules {
+                    match module.load_function(name) {
+                        Ok(f) => {
+                            found = Some(f);
+                            break;
+                        }
+                        Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_FOUND => {}
+                        Err(e) => return Err(driver(format!("kernel {name}"))(e)),
+                    }
+                }
+                let f = found.ok_or_else(|| {
+                    CudaError::Failed(format!("kernel {name}: in none of neural.cu's parts"))
+                })?;
                 // the tensor-core convolutions may take more than the default 48 KiB of dynamic
                 // shared memory (the double-buffered fixed 3x3); their mma.sync needs sm_80, where
                 // every card allows at least 99 KiB a block
