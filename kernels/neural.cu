@@ -1836,8 +1836,10 @@ __device__ __forceinline__ void nn_ldmatrix_x4(unsigned int (&v)[4], unsigned in
                      : "r"(addr));
 }
 
+#if NN_IN_PART(0)
 extern "C" __global__ void __launch_bounds__(NN_GRAM_WIDE_THREADS, 2) nn_gram_wide(const NnMomentsGram* __restrict__ p)
 {
+#if __CUDA_ARCH__ >= 800 // cp.async; the host launches it on sm_80+ only
     // [step buffer][tile a, tile b][64 rows x 64 halves]
     __shared__ __align__(128) unsigned short stage[2][2][64 * 64];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1945,6 +1947,7 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_WIDE_THREADS, 2) nn_gram_wi
         out[4096 + 16 * wm + g] = sum_lo;
         out[4096 + 16 * wm + g + 8] = sum_hi;
     }
+#endif
 }
 
 extern "C" __global__ void nn_gram_wide_reduce(const NnMomentsGram* __restrict__ p)
@@ -2065,6 +2068,7 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_WIDE_THREADS) nn_gram_wide_
         *counter = 0u;
     nn_gram_tails(p);
 }
+#endif
 
 // y = (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + bias[c], then the activation.
 #if NN_IN_PART(0)

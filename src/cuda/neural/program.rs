@@ -2692,7 +2692,7 @@ fn build_program(
     };
     // the wide launches' partial sums and their reduction (E[x x^T], E[x]), in double
     let mut gram_wide_bytes = 0;
-    for g in grams {
+    for g in &grams {
         let xs = &l.shapes[&l.stages[g.own].stats.as_ref().expect("a Gram stage").input];
         let (c, hw) = (xs[1], xs[2..].iter().product::<usize>() as u64);
         if c > GRAM_CHANNELS {
