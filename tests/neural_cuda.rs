@@ -1268,10 +1268,12 @@ fn gram_moments_of_32_channels_match_the_pass_they_replace() {
 
 /// The wide Gram moments (64 to 256 channels: pairs of 64-channel tiles summed in chunks of
 /// the pixels, reduced and finished by two more launches) against the 1x1 convolutions and
-/// statistics passes they stand for, on a photo, hayao_class in fp16 at two sizes (NCHW and
-/// channels-last inputs, one chunk of the pixels and many): every normalization's statistics
-/// with them against those without (the same x: only the convolution's fp16 rounding of its
-/// output lies between), and the output against the CPU reference.
+/// statistics passes they stand for, on a photo, hayao_class in fp16 at two sizes (chunks of
+/// one 64-pixel step and of several, a last step cut short): every normalization's statistics
+/// with them against those without (the first wide layer's x is the same, so only the
+/// convolution's fp16 rounding of its output lies between; later layers' inputs differ by
+/// that much again), the same bits from a second run, and the output against the CPU
+/// reference.
 #[test]
 fn wide_gram_moments_match_the_pass_they_replace() {
     need_gpu!();
@@ -1285,13 +1287,18 @@ fn wide_gram_moments_match_the_pass_they_replace() {
             ..Fusions::ALL
         };
         let observe = |fusions: Fusions| {
-            let mut g = gpu_with(&spec, true, false, true, fusions);
-            let wide = g
-                .program()
+            // (the same plan at static base 0, whose parameter blocks the test can read)
+            let plan = fp16_plan(&spec, fusions);
+            let wide: Vec<(i32, i32)> = plan
                 .launches
                 .iter()
                 .filter(|l| l.kernel == Kernel::GramWide)
-                .count();
+                .map(|l| {
+                    let p: gsttoonflow::cuda::neural::program::NnMomentsGram = params(&plan, l);
+                    (p.c, p.cl)
+                })
+                .collect();
+            let mut g = gpu_with(&spec, true, false, true, fusions);
             let mut out = Tensor::zeros(&input.shape);
             let mut stats: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
             g.run_observed(&input, &mut out, &mut |_, _| {}, &mut |k, m, v| {
@@ -1304,8 +1311,22 @@ fn wide_gram_moments_match_the_pass_they_replace() {
             (out, stats, wide)
         };
         let (on, s_on, wide) = observe(Fusions::ALL);
+        let (_, s_again, _) = observe(Fusions::ALL);
         let (without, s_off, none) = observe(off);
-        assert_eq!((wide, none), (7, 0), "{w}x{h}: wide Gram launches");
+        println!("hayao_class {w}x{h}: wide Gram moments (channels, channels-last) {wide:?}");
+        assert_eq!(
+            (wide.len(), none.len()),
+            (7, 0),
+            "{w}x{h}: wide Gram launches"
+        );
+        let same_bits =
+            |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        for (k, ((m1, v1), (m2, v2))) in s_on.iter().zip(&s_again).enumerate() {
+            assert!(
+                same_bits(m1, m2) && same_bits(v1, v2),
+                "{w}x{h} statistics {k}: a second run differs"
+            );
+        }
         assert_eq!(s_on.len(), s_off.len());
         let (mut worst_mean, mut worst_var) = (0.0f64, 0.0f64);
         for (k, ((m1, v1), (m0, v0))) in s_on.iter().zip(&s_off).enumerate() {
@@ -1315,7 +1336,7 @@ fn wide_gram_moments_match_the_pass_they_replace() {
                 let dm = (m1[c] - m0[c]).abs() as f64 / (sd + 1e-6);
                 let dv = (v1[c] - v0[c]).abs() as f64 / (v0[c] as f64 + 1e-9);
                 assert!(
-                    dm <= 1e-3 && dv <= 2e-3,
+                    dm <= 5e-3 && dv <= 1e-2,
                     "{w}x{h} statistics {k} channel {c}: mean {} against {}, variance {} \
                      against {}",
                     m1[c],
@@ -1329,10 +1350,11 @@ fn wide_gram_moments_match_the_pass_they_replace() {
         }
         let (p_on, p_off, between) = (psnr(&cpu, &on), psnr(&cpu, &without), psnr(&on, &without));
         println!(
-            "hayao_class {w}x{h} fp16: {wide} wide Gram moments; statistics against the passes \
+            "hayao_class {w}x{h} fp16: {} wide Gram moments; statistics against the passes \
              they replace: mean within {worst_mean:.1e} sd, variance within {worst_var:.1e} \
              (relative); PSNR vs the CPU reference {p_on:.1} dB with them, {p_off:.1} dB \
-             without; {between:.1} dB between"
+             without; {between:.1} dB between",
+            wide.len()
         );
         assert!(p_on >= 40.0, "{w}x{h}: {p_on:.1} dB");
         assert!(
