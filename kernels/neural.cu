@@ -1924,7 +1924,8 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_WIDE_THREADS, 2) nn_gram_wi
                 nn_gram_mma(d[2 * h], a[0], a[1], a[2], a[3], b[0], b[1]);
                 nn_gram_mma(d[2 * h + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
             }
-            if (wn == 0)
+            // (the channel sums are taken from the diagonal pairs only)
+            if (wn == 0 && ntiles == 1)
                 nn_gram_mma(ds, a[0], a[1], a[2], a[3], ones, ones);
         }
 #pragma unroll

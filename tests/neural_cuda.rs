@@ -60,6 +60,13 @@ fn hayao_32() -> NeuralModel {
     NeuralModel::from_bytes(&encode_model(&m), "hayao_32").unwrap()
 }
 
+/// hayao_like with 96 and 192 channels below full resolution: wide Gram moments over a tile
+/// pair whose second tile is a part (96 = 64 + 32) and over three tiles (six pairs).
+fn hayao_96_192() -> NeuralModel {
+    let m = hayao_like_channels([16, 96, 192, 192], "hayao_96_192");
+    NeuralModel::from_bytes(&encode_model(&m), "hayao_96_192").unwrap()
+}
+
 /// The Hayao-class generated model (AnimeGANv3 Hayao's channel widths), the benchmark's.
 fn hayao_class() -> NeuralModel {
     let m = hayao_like_channels([32, 64, 128, 256], "hayao_class");
@@ -1268,8 +1275,9 @@ fn gram_moments_of_32_channels_match_the_pass_they_replace() {
 
 /// The wide Gram moments (64 to 256 channels: pairs of 64-channel tiles summed in chunks of
 /// the pixels, reduced and finished by two more launches) against the 1x1 convolutions and
-/// statistics passes they stand for, on a photo, hayao_class in fp16 at two sizes (chunks of
-/// one 64-pixel step and of several, a last step cut short): every normalization's statistics
+/// statistics passes they stand for, on a photo, in fp16: hayao_class at two sizes (chunks of
+/// one 64-pixel step and of several, a last step cut short), and hayao_96_192 (a partial tile,
+/// three tiles): every normalization's statistics
 /// with them against those without (the first wide layer's x is the same, so only the
 /// convolution's fp16 rounding of its output lies between; later layers' inputs differ by
 /// that much again), the same bits from a second run, and the output against the CPU
@@ -1277,8 +1285,12 @@ fn gram_moments_of_32_channels_match_the_pass_they_replace() {
 #[test]
 fn wide_gram_moments_match_the_pass_they_replace() {
     need_gpu!();
-    let model = hayao_class();
-    for (w, h) in [(256, 144), (640, 360)] {
+    for (model, w, h) in [
+        (hayao_class(), 256, 144),
+        (hayao_class(), 640, 360),
+        (hayao_96_192(), 256, 144),
+    ] {
+        let name = model.name().to_string();
         let input = photo_tensor(&model, "chelsea.png", w, h);
         let spec = model.specialise(h, w).unwrap();
         let cpu = spec.run(&input, None).unwrap();
@@ -1313,18 +1325,18 @@ fn wide_gram_moments_match_the_pass_they_replace() {
         let (on, s_on, wide) = observe(Fusions::ALL);
         let (_, s_again, _) = observe(Fusions::ALL);
         let (without, s_off, none) = observe(off);
-        println!("hayao_class {w}x{h}: wide Gram moments (channels, channels-last) {wide:?}");
+        println!("{name} {w}x{h}: wide Gram moments (channels, channels-last) {wide:?}");
         assert_eq!(
             (wide.len(), none.len()),
             (7, 0),
-            "{w}x{h}: wide Gram launches"
+            "{name} {w}x{h}: wide Gram launches"
         );
         let same_bits =
             |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         for (k, ((m1, v1), (m2, v2))) in s_on.iter().zip(&s_again).enumerate() {
             assert!(
                 same_bits(m1, m2) && same_bits(v1, v2),
-                "{w}x{h} statistics {k}: a second run differs"
+                "{name} {w}x{h} statistics {k}: a second run differs"
             );
         }
         assert_eq!(s_on.len(), s_off.len());
@@ -1337,7 +1349,7 @@ fn wide_gram_moments_match_the_pass_they_replace() {
                 let dv = (v1[c] - v0[c]).abs() as f64 / (v0[c] as f64 + 1e-9);
                 assert!(
                     dm <= 5e-3 && dv <= 1e-2,
-                    "{w}x{h} statistics {k} channel {c}: mean {} against {}, variance {} \
+                    "{name} {w}x{h} statistics {k} channel {c}: mean {} against {}, variance {} \
                      against {}",
                     m1[c],
                     m0[c],
@@ -1350,18 +1362,18 @@ fn wide_gram_moments_match_the_pass_they_replace() {
         }
         let (p_on, p_off, between) = (psnr(&cpu, &on), psnr(&cpu, &without), psnr(&on, &without));
         println!(
-            "hayao_class {w}x{h} fp16: {} wide Gram moments; statistics against the passes \
+            "{name} {w}x{h} fp16: {} wide Gram moments; statistics against the passes \
              they replace: mean within {worst_mean:.1e} sd, variance within {worst_var:.1e} \
              (relative); PSNR vs the CPU reference {p_on:.1} dB with them, {p_off:.1} dB \
              without; {between:.1} dB between",
             wide.len()
         );
-        assert!(p_on >= 40.0, "{w}x{h}: {p_on:.1} dB");
+        assert!(p_on >= 40.0, "{name} {w}x{h}: {p_on:.1} dB");
         assert!(
             p_on >= p_off - 1.0,
-            "{w}x{h}: {p_on:.1} dB against {p_off:.1}"
+            "{name} {w}x{h}: {p_on:.1} dB against {p_off:.1}"
         );
-        assert!(between >= 45.0, "{w}x{h}: {between:.1} dB between");
+        assert!(between >= 45.0, "{name} {w}x{h}: {between:.1} dB between");
     }
 }
 
@@ -1372,8 +1384,9 @@ fn wide_gram_moments_match_the_pass_they_replace() {
 /// tiny_like has one (4 channels), hayao_like eight (4 to 16 channels), hayao_32 eight (16 and
 /// 32 channels: a 32-channel one sums three pairs of 16-channel tiles), hayao_class eight (its
 /// last of 32 channels in one launch, seven of 64 to 256 in the three wide launches, which sum
-/// pairs of 64-channel tiles; with `gram_wide` off only the one); the real tiny one of 16
-/// channels at full resolution, when the fixture is here.
+/// pairs of 64-channel tiles; with `gram_wide` off only the one), hayao_96_192 eight likewise
+/// (tiles of 96 and 192 channels: a part tile, three tiles); the real tiny one of 16 channels
+/// at full resolution, when the fixture is here.
 #[test]
 fn modulated_normalizations_take_gram_moments() {
     use gsttoonflow::cuda::neural::program::{NnEltwise, NnMomentsGram, build};
@@ -1388,6 +1401,7 @@ fn modulated_normalizations_take_gram_moments() {
         ),
         (hayao_32(), 8),
         (hayao_class(), 8),
+        (hayao_96_192(), 8),
     ];
     models.extend(real_tiny().map(|m| (m, 1)));
     let spec = hayao_class().specialise(96, 160).unwrap();
@@ -1477,6 +1491,14 @@ fn modulated_normalizations_take_gram_moments() {
                 .map(|l| l.kernel)
                 .collect();
             assert_eq!(next, [Kernel::GramWideReduce, Kernel::GramWideFinish]);
+            // one reducing thread an entry of the pairs' sums, one finishing block for eight
+            // of the convolution's outputs
+            let entries = tiles * (tiles + 1) / 2 * 4160;
+            assert_eq!(fp16.launches[k + 1].grid, (entries.div_ceil(256), 1, 1));
+            assert_eq!(
+                fp16.launches[k + 2].grid,
+                ((g.cout as u32).div_ceil(8), 1, 1)
+            );
             assert!(fp16.launches[k..k + 3].iter().all(|l| l.stage == x.stage));
         }
         // the normalizations' sqrt(var + eps) chains are finished by the Gram launch's last

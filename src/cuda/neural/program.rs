@@ -87,6 +87,15 @@ pub const GRAM_WIDE_BLOCKS: u64 = 256;
 pub const GRAM_WIDE_OUTS: usize = 8;
 /// Pixels a wide Gram block stages at a time.
 const GRAM_WIDE_STEP: u64 = 64;
+// nn_gram_wide lays its eight warps over the 64x64 block (rows 16 (w & 3), columns 32 (w >> 2))
+// and stages 64 pixels x 64 channels in two cp.async rounds of its 256 threads; the finishing
+// kernel's shared weights hold GRAM_WIDE_MAX input channels
+const _: () = assert!(
+    GRAM_WIDE_THREADS == 256
+        && GRAM_WIDE_TILE == 64
+        && GRAM_WIDE_STEP == 64
+        && GRAM_WIDE_MAX <= 256
+);
 
 /// The pairs of 64-channel tiles (a <= b) of wide Gram moments over `c` channels.
 pub const fn gram_wide_pairs(c: usize) -> usize {
