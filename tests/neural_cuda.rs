@@ -155,6 +155,31 @@ fn fp16_plan(spec: &Specialised, fusions: Fusions) -> gsttoonflow::cuda::neural:
     gsttoonflow::cuda::neural::program::build(spec, &storage, 0, 0).unwrap()
 }
 
+/// hayao_class's uniform fp16 plans at 1920x1080 and 960x544 with a fusion on and off
+/// (`fusions(true)`, `fusions(false)`): (width, height, on, off).
+fn hayao_class_plans(
+    fusions: impl Fn(bool) -> Fusions,
+) -> Vec<(
+    usize,
+    usize,
+    gsttoonflow::cuda::neural::program::Program,
+    gsttoonflow::cuda::neural::program::Program,
+)> {
+    let model = hayao_class();
+    [(1920, 1080), (960, 544)]
+        .into_iter()
+        .map(|(w, h)| {
+            let spec = model.specialise(h, w).unwrap();
+            (
+                w,
+                h,
+                fp16_plan(&spec, fusions(true)),
+                fp16_plan(&spec, fusions(false)),
+            )
+        })
+        .collect()
+}
+
 /// The elementwise chains of a program built at static base 0: those launched, and those a
 /// tensor-core convolution takes into its gather (`NnConv::pre`), with whether each is folded.
 fn elementwise_chains(
@@ -2077,19 +2102,10 @@ fn tall_7x7_blocks_keep_the_bits() {
 #[test]
 fn pointwise_layers_stage_their_weights_with_the_tile() {
     use gsttoonflow::cuda::neural::program::{MmaGather, NnConv, conv_shared_bytes};
-    let model = hayao_class();
-    for (w, h) in [(1920, 1080), (960, 544)] {
-        let spec = model.specialise(h, w).unwrap();
-        let plan = |fixed_1x1: bool| {
-            fp16_plan(
-                &spec,
-                Fusions {
-                    fixed_1x1,
-                    ..Fusions::ALL
-                },
-            )
-        };
-        let (on, off) = (plan(true), plan(false));
+    for (w, h, on, off) in hayao_class_plans(|fixed_1x1| Fusions {
+        fixed_1x1,
+        ..Fusions::ALL
+    }) {
         assert_eq!(on.launches.len(), off.launches.len());
         let mut staged = 0;
         for (a, b) in on.launches.iter().zip(&off.launches) {
@@ -2152,19 +2168,10 @@ fn the_staged_1x1_keeps_the_bits() {
 #[test]
 fn instance_normalizations_read_channels_last_inputs() {
     use gsttoonflow::cuda::neural::program::{MmaGather, NnNormApply};
-    let model = hayao_class();
-    for (w, h) in [(1920, 1080), (960, 544)] {
-        let spec = model.specialise(h, w).unwrap();
-        let plan = |instance_cl: bool| {
-            fp16_plan(
-                &spec,
-                Fusions {
-                    instance_cl,
-                    ..Fusions::ALL
-                },
-            )
-        };
-        let (on, off) = (plan(true), plan(false));
+    for (w, h, on, off) in hayao_class_plans(|instance_cl| Fusions {
+        instance_cl,
+        ..Fusions::ALL
+    }) {
         let planar_wide = |p: &gsttoonflow::cuda::neural::program::Program| {
             p.launches
                 .iter()

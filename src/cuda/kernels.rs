@@ -101,12 +101,17 @@ pub fn full_source(precision: Precision) -> String {
 /// key covers): IEEE division and square root, no flush to zero, FMA contraction only when
 /// `fmad`, and the device's virtual architecture ([`virtual_arch`]).
 fn nvrtc_options(arch: &str, fmad: bool) -> Vec<String> {
+    options_for_target(&virtual_arch(arch), fmad)
+}
+
+/// The options with `target` as NVRTC's architecture (virtual, or real for [`assemble`]).
+fn options_for_target(target: &str, fmad: bool) -> Vec<String> {
     vec![
         "--ftz=false".into(),
         "--prec-sqrt=true".into(),
         "--prec-div=true".into(),
         format!("--fmad={fmad}"),
-        format!("--gpu-architecture={}", virtual_arch(arch)),
+        format!("--gpu-architecture={target}"),
         "--std=c++14".into(),
     ]
 }
@@ -123,23 +128,8 @@ pub fn assemble(
     fmad: bool,
 ) -> Result<f64, CudaError> {
     let start = Instant::now();
-    compile_to_ptx(file, arch, source, real_arch_options(arch, fmad), false)?;
+    compile_to_ptx(file, arch, source, options_for_target(arch, fmad), false)?;
     Ok(start.elapsed().as_secs_f64() * 1e3)
-}
-
-/// [`nvrtc_options`] with the real architecture as NVRTC's target.
-fn real_arch_options(arch: &str, fmad: bool) -> Vec<String> {
-    let target = format!("--gpu-architecture={}", virtual_arch(arch));
-    nvrtc_options(arch, fmad)
-        .into_iter()
-        .map(|o| {
-            if o == target {
-                format!("--gpu-architecture={arch}")
-            } else {
-                o
-            }
-        })
-        .collect()
 }
 
 /// The virtual architecture of a real one ("sm_90" -> "compute_90"). NVRTC writes the same PTX
@@ -359,7 +349,7 @@ mod tests {
         assert!(options.contains(&"--gpu-architecture=compute_89".to_string()));
         assert!(!options.iter().any(|o| o.contains("sm_")));
         // the assembler check's options differ only in the target
-        let real = real_arch_options("sm_89", true);
+        let real = options_for_target("sm_89", true);
         assert_eq!(real.len(), options.len());
         let differ: Vec<_> = real.iter().zip(&options).filter(|(a, b)| a != b).collect();
         assert_eq!(
@@ -389,7 +379,7 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{arch}: {e}"))
                     .to_src()
             };
-            let real = ptx(real_arch_options(arch, fmad));
+            let real = ptx(options_for_target(arch, fmad));
             let virt = ptx(nvrtc_options(arch, fmad));
             assert!(real == virt, "{arch} {precision:?}: the PTX differs");
             assert!(virt.lines().any(|l| l == format!(".target {arch}")));

@@ -1365,9 +1365,14 @@ pub fn fixed_shape_matches(gather: MmaGather, p: &NnConv, nt: u8) -> bool {
 /// channels-last gather (no folded Resize) of at least two 16-channel chunks (with one there is
 /// nothing to overlap, and the second tile only costs occupancy: ncu, H200), whose two tiles
 /// and B stages fit `TC_SHARED_OPT_IN` with a prologue chain's coefficients.
+/// The 1x1 kernel also answers to `fixed_1x1` and `pipelined_general` (the general gather it
+/// replaces is double-buffered under that switch).
 fn pipelined(p: &NnConv, nt: u8, fusions: &Fusions, g: MmaGather) -> Option<NnConv> {
     let piped = NnConv { stages: 2, ..*p };
+    let switched_on =
+        g != MmaGather::ChannelsLast1x1 || (fusions.fixed_1x1 && fusions.pipelined_general);
     (fusions.pipelined
+        && switched_on
         && p.rs_taps == 0
         && p.cin_pad >= 32
         && fixed_shape_matches(g, &piped, nt)
@@ -3107,13 +3112,9 @@ fn build_program(
                     // only so)
                     let piped =
                         pipelined(&p, nt as u8, &storage.fusions, MmaGather::ChannelsLast3x3);
-                    // the 1x1 kernel only double-buffered, under both double-buffering
-                    // switches (the general gather it replaces answers to pipelined_general)
+                    // the 1x1 kernel only double-buffered
                     let piped_1x1 =
-                        pipelined(&p, nt as u8, &storage.fusions, MmaGather::ChannelsLast1x1)
-                            .filter(|_| {
-                                storage.fusions.fixed_1x1 && storage.fusions.pipelined_general
-                            });
+                        pipelined(&p, nt as u8, &storage.fusions, MmaGather::ChannelsLast1x1);
                     let gather = fixed
                         .iter()
                         .copied()
