@@ -66,39 +66,50 @@ static PTX_CACHE: Lazy<Mutex<HashMap<(String, u32), String>>> =
 static MODULES: Lazy<Mutex<HashMap<usize, Arc<NeuralKernels>>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
 
+/// `job` for each item, each on a scoped thread of its own, the results in the items' order
+/// (a panic in a job is its error, named by `what`).
+fn each_on_a_thread<I, T, R>(
+    items: I,
+    what: &str,
+    job: impl Fn(T) -> Result<R, CudaError> + Sync,
+) -> Vec<Result<R, CudaError>>
+where
+    I: IntoIterator<Item = T>,
+    T: Send,
+    R: Send,
+{
+    let job = &job;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = items
+            .into_iter()
+            .map(|item| scope.spawn(move || guard(what, || job(item))))
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join().unwrap_or_else(|_| {
+                    Err(CudaError::Failed(format!("a thread of {what} panicked")))
+                })
+            })
+            .collect()
+    })
+}
+
 /// Compiles kernels/neural.cu to PTX for `arch` (e.g. "sm_90"), its [`PARTS`] programs at
 /// once, each on a thread of its own; needs NVRTC, not a device. Returns each part's PTX and
 /// the milliseconds NVRTC took from the first to the last (0 when every part was cached).
 /// `TOONFLOW_CUDA_FAULT=compile` makes it fail with NVRTC's own error.
 pub fn compile(arch: &str) -> Result<(Vec<String>, f64), CudaError> {
     let start = Instant::now();
-    let parts: Vec<Result<(String, f64), CudaError>> = std::thread::scope(|scope| {
-        let threads: Vec<_> = (0..PARTS)
-            .map(|part| {
-                scope.spawn(move || {
-                    guard("NVRTC (neural.cu)", || {
-                        compile_cached(
-                            &PTX_CACHE,
-                            (arch.to_string(), part),
-                            KERNEL_FILE,
-                            arch,
-                            || part_source(part),
-                            true,
-                        )
-                    })
-                })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| {
-                t.join().unwrap_or_else(|_| {
-                    Err(CudaError::Failed(
-                        "an NVRTC thread (neural.cu) panicked".into(),
-                    ))
-                })
-            })
-            .collect()
+    let parts = each_on_a_thread(0..PARTS, "NVRTC (neural.cu)", |part| {
+        compile_cached(
+            &PTX_CACHE,
+            (arch.to_string(), part),
+            KERNEL_FILE,
+            arch,
+            || part_source(part),
+            true,
+        )
     });
     let mut ptx = Vec::with_capacity(parts.len());
     let mut compiled = false;
@@ -142,31 +153,14 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<NeuralKernels>, CudaError> 
         guard("loading the neural kernels", || {
             // each part's module on a thread of its own: the driver compiles the PTX for the
             // device on first load (then from its own cache), one module on one core
-            let loaded: Vec<Result<_, CudaError>> = std::thread::scope(|scope| {
-                let threads: Vec<_> = ptx
-                    .into_iter()
-                    .enumerate()
-                    .map(|(part, text)| {
-                        scope.spawn(move || {
-                            guard("cuModuleLoadData (neural.cu)", || {
-                                ctx.load_module(Ptx::from_src(text)).map_err(driver(format!(
-                                    "cuModuleLoadData (neural.cu, part {part})"
-                                )))
-                            })
-                        })
-                    })
-                    .collect();
-                threads
-                    .into_iter()
-                    .map(|t| {
-                        t.join().unwrap_or_else(|_| {
-                            Err(CudaError::Failed(
-                                "a module-loading thread (neural.cu) panicked".into(),
-                            ))
-                        })
-                    })
-                    .collect()
-            });
+            let loaded = each_on_a_thread(
+                ptx.into_iter().enumerate(),
+                "cuModuleLoadData (neural.cu)",
+                |(part, text)| {
+                    ctx.load_module(Ptx::from_src(text))
+                        .map_err(driver(format!("cuModuleLoadData (neural.cu, part {part})")))
+                },
+            );
             let modules = loaded.into_iter().collect::<Result<Vec<_>, _>>()?;
             // the lookups below run on this thread (the loads ran on their own)
             ctx.bind_to_thread()
