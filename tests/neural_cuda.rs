@@ -1405,20 +1405,14 @@ fn modulated_normalizations_take_gram_moments() {
     ];
     models.extend(real_tiny().map(|m| (m, 1)));
     let spec = hayao_class().specialise(96, 160).unwrap();
-    let narrow = build(
+    let narrow = fp16_plan(
         &spec,
-        &Storage {
-            fusions: Fusions {
-                gram_wide: false,
-                ..Fusions::from_env()
-            },
-            ..Storage::uniform(spec.stage_count(), true)
+        Fusions {
+            gram_wide: false,
+            ..Fusions::from_env()
         },
-        0,
-        0,
-    )
-    .unwrap();
-    let wide = build(&spec, &Storage::uniform(spec.stage_count(), true), 0, 0).unwrap();
+    );
+    let wide = fp16_plan(&spec, Fusions::from_env());
     let finishes = |p: &gsttoonflow::cuda::neural::program::Program| {
         p.launches
             .iter()
@@ -1536,19 +1530,13 @@ fn modulated_normalizations_take_gram_moments() {
                 e.y == y
             }));
         }
-        let unchained = build(
+        let unchained = fp16_plan(
             &spec,
-            &Storage {
-                fusions: Fusions {
-                    stat_chains: false,
-                    ..Fusions::from_env()
-                },
-                ..Storage::uniform(spec.stage_count(), true)
+            Fusions {
+                stat_chains: false,
+                ..Fusions::from_env()
             },
-            0,
-            0,
-        )
-        .unwrap();
+        );
         assert!(unchained.stat_chains.is_empty());
         assert_eq!(unchained.launches.len(), fp16.launches.len() + chains);
         for k in [Kernel::MomentsGram, Kernel::GramWide] {
