@@ -1340,31 +1340,90 @@ fn wide_gram_moments_match_the_pass_they_replace() {
             );
         }
         assert_eq!(s_on.len(), s_off.len());
-        let (mut worst_mean, mut worst_var) = (0.0f64, 0.0f64);
+        // Both paths round to fp16 relative to the values' magnitude, not their spread: the
+        // convolution's output is stored in fp16 and its weights are fp16, where the Gram
+        // moments take the fp32 weights. So each statistic is compared in units of
+        // sqrt(mean^2 + variance) of the pass it replaces (mean, and the standard deviation),
+        // and both are compared with the CPU reference's fp32 statistics, where the wide Gram
+        // moments must be about as close as the passes they replace.
+        let scale = |m: f32, v: f32| ((m as f64).powi(2) + v.max(0.0) as f64).sqrt() + 1e-6;
+        let err = |(m, v): (f32, f32), (m0, v0): (f32, f32)| {
+            let s = scale(m0, v0);
+            let dm = (m - m0).abs() as f64 / s;
+            let dsd = ((v.max(0.0) as f64).sqrt() - (v0.max(0.0) as f64).sqrt()).abs() / s;
+            dm.max(dsd)
+        };
+        // each statistics place's normalize index (the CPU hook's first argument)
+        let order: Vec<usize> = fp16_plan(&spec, Fusions::ALL)
+            .stats
+            .iter()
+            .map(|sp| {
+                spec.lowered().stages[sp.stage]
+                    .stats
+                    .as_ref()
+                    .unwrap()
+                    .index
+            })
+            .collect();
+        let mut cpu_stats: Vec<(Vec<f32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); s_on.len()];
+        let mut hook = |k: usize, m: &mut [f32], v: &mut [f32]| {
+            cpu_stats[k] = (m.to_vec(), v.to_vec());
+        };
+        spec.run(&input, Some(&mut hook)).unwrap();
+        let (mut worst, mut worst_at) = (0.0f64, (0, 0));
+        let (mut sq_on, mut sq_off, mut max_on, mut max_off, mut n) = (0.0, 0.0, 0.0f64, 0.0f64, 0);
         for (k, ((m1, v1), (m0, v0))) in s_on.iter().zip(&s_off).enumerate() {
+            let (mc, vc) = &cpu_stats[order[k]];
             assert_eq!(m1.len(), m0.len(), "statistics {k}");
+            assert_eq!(
+                m1.len(),
+                mc.len(),
+                "statistics {k} against the CPU's {}",
+                order[k]
+            );
             for c in 0..m1.len() {
-                let sd = (v0[c] as f64).sqrt();
-                let dm = (m1[c] - m0[c]).abs() as f64 / (sd + 1e-6);
-                let dv = (v1[c] - v0[c]).abs() as f64 / (v0[c] as f64 + 1e-9);
+                let d = err((m1[c], v1[c]), (m0[c], v0[c]));
                 assert!(
-                    dm <= 5e-3 && dv <= 1e-2,
+                    d <= 5e-3,
                     "{name} {w}x{h} statistics {k} channel {c}: mean {} against {}, variance {} \
-                     against {}",
+                     against {} ({d:.1e} of their magnitude)",
                     m1[c],
                     m0[c],
                     v1[c],
                     v0[c]
                 );
-                worst_mean = worst_mean.max(dm);
-                worst_var = worst_var.max(dv);
+                if d > worst {
+                    (worst, worst_at) = (d, (k, c));
+                }
+                let (e_on, e_off) = (
+                    err((m1[c], v1[c]), (mc[c], vc[c])),
+                    err((m0[c], v0[c]), (mc[c], vc[c])),
+                );
+                sq_on += e_on * e_on;
+                sq_off += e_off * e_off;
+                max_on = max_on.max(e_on);
+                max_off = max_off.max(e_off);
+                n += 1;
             }
         }
+        let (rms_on, rms_off) = ((sq_on / n as f64).sqrt(), (sq_off / n as f64).sqrt());
+        let (k, c) = worst_at;
+        println!(
+            "{name} {w}x{h}: statistics against the passes they replace within {worst:.1e} of \
+             their magnitude (worst: statistics {k} channel {c}, mean {} against {}, CPU {}); \
+             against the CPU reference's, {n} channels: rms {rms_on:.1e} (max {max_on:.1e}) \
+             with the wide Gram moments, rms {rms_off:.1e} (max {max_off:.1e}) without",
+            s_on[k].0[c], s_off[k].0[c], cpu_stats[order[k]].0[c]
+        );
+        assert!(
+            rms_on <= 1.5 * rms_off + 1e-3 && max_on <= 2.0 * max_off + 2e-3,
+            "{name} {w}x{h}: the wide Gram moments' statistics are further from the CPU \
+             reference's than the passes they replace"
+        );
         let (p_on, p_off, between) = (psnr(&cpu, &on), psnr(&cpu, &without), psnr(&on, &without));
         println!(
             "{name} {w}x{h} fp16: {} wide Gram moments; statistics against the passes \
-             they replace: mean within {worst_mean:.1e} sd, variance within {worst_var:.1e} \
-             (relative); PSNR vs the CPU reference {p_on:.1} dB with them, {p_off:.1} dB \
+             they replace; PSNR vs the CPU reference {p_on:.1} dB with them, {p_off:.1} dB \
              without; {between:.1} dB between",
             wide.len()
         );
@@ -2397,7 +2456,8 @@ fn channels_last_instance_inputs_keep_the_picture() {
 
 /// The shared-memory kernels of the eight-tile layers at about the smallest size that takes
 /// them (for compute-sanitizer racecheck): hayao_class at 1024x256 takes the double-buffered
-/// eight-tile 3x3, the staged 1x1 and the channels-last instance normalization; the second
+/// eight-tile 3x3, the staged 1x1 (with the wide Gram moments off, which take its launches
+/// there) and the channels-last instance normalization; the second
 /// switched off keeps the bits, the third 50 dB, and all of them 40 dB against the CPU
 /// reference on a photo.
 #[test]
@@ -2407,7 +2467,13 @@ fn eight_tile_kernels_at_a_small_size() {
     let model = hayao_class();
     let input = photo_tensor(&model, "chelsea.png", 1024, 256);
     let spec = model.specialise(input.shape[1], input.shape[2]).unwrap();
-    let all = gpu_with(&spec, true, false, true, Fusions::ALL);
+    // (the wide Gram moments off: they take the statistics-only 1x1 layers, which are the staged
+    // 1x1's launches here)
+    let base = Fusions {
+        gram_wide: false,
+        ..Fusions::ALL
+    };
+    let all = gpu_with(&spec, true, false, true, base);
     let kernels: Vec<Kernel> = all.program().launches.iter().map(|l| l.kernel).collect();
     for k in [
         Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3),
@@ -2433,14 +2499,14 @@ fn eight_tile_kernels_at_a_small_size() {
         (
             Fusions {
                 fixed_1x1: false,
-                ..Fusions::ALL
+                ..base
             },
             true,
         ),
         (
             Fusions {
                 instance_cl: false,
-                ..Fusions::ALL
+                ..base
             },
             false,
         ),

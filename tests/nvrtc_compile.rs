@@ -182,16 +182,25 @@ fn neural_kernels_compile_for_every_target_architecture() {
                 "{arch} part {part}"
             );
         }
+        // (the element finds each kernel's part by these entries, as here)
+        let entries: Vec<Vec<&str>> = parts
+            .iter()
+            .map(|p| neural::ptx_entries(p).collect())
+            .collect();
         for name in neural::KERNEL_NAMES {
-            let entry = format!(".entry {name}(");
             let defined: Vec<usize> = (0..parts.len())
-                .filter(|&part| parts[part].contains(&entry))
+                .filter(|&part| entries[part].contains(&name))
                 .collect();
             assert!(
                 defined.len() == 1,
                 "{file} {arch}: {name} is defined in parts {defined:?}, not in exactly one"
             );
         }
+        assert_eq!(
+            entries.iter().map(Vec::len).sum::<usize>(),
+            neural::KERNEL_NAMES.len(),
+            "{file} {arch}: entries in the PTX {entries:?}"
+        );
         println!(
             "compiled {file} for {arch}: {} kernels in {} parts, {} bytes of PTX {}",
             neural::KERNEL_NAMES.len(),

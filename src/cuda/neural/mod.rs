@@ -95,6 +95,16 @@ where
     })
 }
 
+/// The kernels a PTX module defines: the names of its `.entry` directives.
+pub fn ptx_entries(ptx: &str) -> impl Iterator<Item = &str> {
+    ptx.lines().filter_map(|line| {
+        let line = line.trim_start();
+        let rest = line.strip_prefix(".visible ").unwrap_or(line);
+        let name = rest.strip_prefix(".entry ")?.split('(').next()?.trim();
+        (!name.is_empty()).then_some(name)
+    })
+}
+
 /// Compiles kernels/neural.cu to PTX for `arch` (e.g. "sm_90"), its [`PARTS`] programs at
 /// once, each on a thread of its own; needs NVRTC, not a device. Returns each part's PTX and
 /// the milliseconds NVRTC took from the first to the last (0 when every part was cached).
@@ -149,6 +159,13 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<NeuralKernels>, CudaError> 
     let (_, (major, minor)) = describe(ctx)?;
     let arch = format!("sm_{major}{minor}");
     let (ptx, compile_ms) = compile(&arch)?;
+    // which part defines each kernel, from the PTX's entries (asking each module in turn would
+    // leave a "not found" driver error for each miss, which compute-sanitizer reports)
+    let part_of: HashMap<String, usize> = ptx
+        .iter()
+        .enumerate()
+        .flat_map(|(part, text)| ptx_entries(text).map(move |name| (name.to_string(), part)))
+        .collect();
     let k =
         guard("loading the neural kernels", || {
             // each part's module on a thread of its own: the driver compiles the PTX for the
@@ -168,22 +185,13 @@ pub fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<NeuralKernels>, CudaError> 
             let mut functions = HashMap::new();
             for kernel in Kernel::ALL {
                 let name = kernel.name();
-                // each kernel is defined in one part (tests/nvrtc_compile.rs checks it): a part
-                // without it answers "not found", any other failure is the driver's error
-                let mut found = None;
-                for module in &modules {
-                    match module.load_function(name) {
-                        Ok(f) => {
-                            found = Some(f);
-                            break;
-                        }
-                        Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_FOUND => {}
-                        Err(e) => return Err(driver(format!("kernel {name}"))(e)),
-                    }
-                }
-                let f = found.ok_or_else(|| {
+                // each kernel is defined in one part (tests/nvrtc_compile.rs checks it)
+                let part = *part_of.get(name).ok_or_else(|| {
                     CudaError::Failed(format!("kernel {name}: in none of neural.cu's parts"))
                 })?;
+                let f = modules[part]
+                    .load_function(name)
+                    .map_err(driver(format!("kernel {name} (part {part})")))?;
                 // the tensor-core convolutions may take more than the default 48 KiB of dynamic
                 // shared memory (the double-buffered fixed 3x3); their mma.sync needs sm_80, where
                 // every card allows at least 99 KiB a block
