@@ -1340,12 +1340,15 @@ fn wide_gram_moments_match_the_pass_they_replace() {
             );
         }
         assert_eq!(s_on.len(), s_off.len());
-        // Both paths round to fp16 relative to the values' magnitude, not their spread: the
-        // convolution's output is stored in fp16 and its weights are fp16, where the Gram
-        // moments take the fp32 weights. So each statistic is compared in units of
-        // sqrt(mean^2 + variance) of the pass it replaces (mean, and the standard deviation),
-        // and both are compared with the CPU reference's fp32 statistics, where the wide Gram
-        // moments must be about as close as the passes they replace.
+        // Both paths round to fp16 relative to the values' magnitude, not their spread, and
+        // differ by more than that: the convolution they replace multiplies by fp16 weights
+        // (256 products of either sign summing to a small mean carry their rounding: up to
+        // 0.8 % of a statistic's magnitude in f32 on the CPU, tests/neural_precision.rs; 0.55 %
+        // seen on an H100), the Gram moments by the fp32 ones. So each
+        // statistic is compared in units of sqrt(mean^2 + variance) of the pass it replaces
+        // (mean, and the standard deviation), within 2 % (a fault in the pass is far off),
+        // and both with the CPU reference's fp32 statistics, where the wide Gram moments must
+        // be about as close as the passes they replace.
         let scale = |m: f32, v: f32| ((m as f64).powi(2) + v.max(0.0) as f64).sqrt() + 1e-6;
         let err = |(m, v): (f32, f32), (m0, v0): (f32, f32)| {
             let s = scale(m0, v0);
@@ -1384,7 +1387,7 @@ fn wide_gram_moments_match_the_pass_they_replace() {
             for c in 0..m1.len() {
                 let d = err((m1[c], v1[c]), (m0[c], v0[c]));
                 assert!(
-                    d <= 5e-3,
+                    d <= 2e-2,
                     "{name} {w}x{h} statistics {k} channel {c}: mean {} against {}, variance {} \
                      against {} ({d:.1e} of their magnitude)",
                     m1[c],

@@ -156,3 +156,109 @@ fn real_animeganv3_models_keep_40_db_under_their_calibrated_plan() {
         assert!(calibrated >= 40.0, "{name}: {calibrated} dB");
     }
 }
+
+/// Why the GPU's wide Gram moments and the passes they replace disagree by up to 2 % of a
+/// statistic's magnitude (tests/neural_cuda.rs, `wide_gram_moments_match_the_pass_they_replace`),
+/// in f32 on the CPU: the fp16 plan multiplies by fp16 weights, and the mean of a 1x1
+/// convolution of 64 to 256 channels (products of either sign summing to a small value) carries
+/// their rounding; the Gram moments take that convolution's fp32 weights. hayao_class on a photo
+/// at 256x144 with every convolution's weights rounded to fp16 (the passes replaced) and with
+/// all but the statistics-only 1x1 convolutions' rounded (the Gram moments): the two stay
+/// within that bound of each other, and the second is no further from the fp32 weights'
+/// statistics than the first.
+#[test]
+fn fp16_weights_move_the_modulated_statistics_more_than_the_gram_moments() {
+    use gsttoonflow::cuda::neural::program::f32_to_f16_bits;
+    use gsttoonflow::neural::onnx::{ModelProto, f16_to_f32};
+    use std::collections::HashSet;
+    let m = onnx_models::hayao_like_channels([32, 64, 128, 256], "hayao_class");
+    let readers = |value: &str| -> Vec<String> {
+        m.graph
+            .node
+            .iter()
+            .filter(|n| n.input.iter().any(|i| i == value))
+            .map(|n| n.op_type.clone())
+            .collect()
+    };
+    let convs: Vec<_> = m
+        .graph
+        .node
+        .iter()
+        .filter(|n| n.op_type == "Conv")
+        .collect();
+    // a modulated normalization's 1x1: read only by its statistics (GlobalAveragePool, Sub)
+    let stat_only: HashSet<String> = convs
+        .iter()
+        .filter(|n| {
+            readers(&n.output[0])
+                .iter()
+                .all(|r| r == "GlobalAveragePool" || r == "Sub")
+        })
+        .map(|n| n.input[1].clone())
+        .collect();
+    assert_eq!(stat_only.len(), 8, "hayao_class's modulated normalizations");
+    let weights: HashSet<String> = convs.iter().map(|n| n.input[1].clone()).collect();
+    let rounded = |keep: &HashSet<String>| -> ModelProto {
+        let mut r = m.clone();
+        for t in r.graph.initializer.iter_mut() {
+            if weights.contains(&t.name) && !keep.contains(&t.name) {
+                t.raw_data = t
+                    .raw_data
+                    .chunks_exact(4)
+                    .map(|b| f16_to_f32(f32_to_f16_bits(f32::from_le_bytes(b.try_into().unwrap()))))
+                    .flat_map(f32::to_le_bytes)
+                    .collect();
+            }
+        }
+        r
+    };
+    let (w, h) = (256, 144);
+    let statistics = |model: &ModelProto| {
+        let model = NeuralModel::from_bytes(&encode_model(model), "hayao_class").unwrap();
+        let input = photos(&model, w, h).swap_remove(1);
+        let mut out: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+        let mut hook = |k: usize, mean: &mut [f32], var: &mut [f32]| {
+            if out.len() <= k {
+                out.resize(k + 1, (Vec::new(), Vec::new()));
+            }
+            out[k] = (mean.to_vec(), var.to_vec());
+        };
+        model
+            .specialise(h, w)
+            .unwrap()
+            .run(&input, Some(&mut hook))
+            .unwrap();
+        out
+    };
+    let exact = statistics(&m);
+    let passes = statistics(&rounded(&HashSet::new()));
+    let gram = statistics(&rounded(&stat_only));
+    // mean and standard deviation apart, in units of sqrt(mean^2 + variance) of `b`
+    let apart = |a: (f32, f32), b: (f32, f32)| {
+        let s = (f64::from(b.0).powi(2) + f64::from(b.1.max(0.0))).sqrt() + 1e-6;
+        let dsd = (f64::from(a.1.max(0.0)).sqrt() - f64::from(b.1.max(0.0)).sqrt()).abs();
+        (f64::from((a.0 - b.0).abs()) / s).max(dsd / s)
+    };
+    let (mut between, mut sq_passes, mut sq_gram, mut n) = (0.0f64, 0.0, 0.0, 0);
+    for (k, e) in exact.iter().enumerate() {
+        for c in 0..e.0.len() {
+            let at = |s: &[(Vec<f32>, Vec<f32>)]| (s[k].0[c], s[k].1[c]);
+            between = between.max(apart(at(&gram), at(&passes)));
+            sq_passes += apart(at(&passes), at(&exact)).powi(2);
+            sq_gram += apart(at(&gram), at(&exact)).powi(2);
+            n += 1;
+        }
+    }
+    let (rms_passes, rms_gram) = ((sq_passes / n as f64).sqrt(), (sq_gram / n as f64).sqrt());
+    println!(
+        "hayao_class {w}x{h}, {} statistics, {n} channels: fp16 weights everywhere against fp32 \
+         rms {rms_passes:.1e}; fp32 weights in the statistics-only 1x1s rms {rms_gram:.1e}; \
+         the two at most {between:.1e} apart (of the statistic's magnitude)",
+        exact.len()
+    );
+    assert!(between < 2e-2, "{between:.1e}");
+    assert!(
+        rms_gram <= rms_passes,
+        "{rms_gram:.1e} against {rms_passes:.1e}"
+    );
+}
