@@ -113,12 +113,13 @@ pub fn gram_wide_chunks(hw: u64, c: usize) -> u32 {
 }
 
 /// Whether Gram moments take an fp16 tensor of `c` channels and `hw` pixels: up to
-/// [`GRAM_CHANNELS`] in one launch; up to [`GRAM_WIDE_MAX`] (a multiple of 16, and `hw` a
-/// multiple of 8 so that an NCHW channel's 8-pixel chunks stay 16-byte aligned) in the wide
-/// launches when `wide`.
+/// [`GRAM_CHANNELS`] in one launch; up to [`GRAM_WIDE_MAX`] in the wide launches when `wide`,
+/// in whole 64-channel tiles (the kernels also sum a part tile of a multiple of 16 channels,
+/// but that path has not yet run on a GPU), `hw` a multiple of 8 so that an NCHW channel's
+/// 8-pixel chunks stay 16-byte aligned.
 pub fn gram_takes(c: usize, hw: usize, wide: bool) -> bool {
     c <= GRAM_CHANNELS
-        || (wide && c <= GRAM_WIDE_MAX && c.is_multiple_of(GRAM_TILE) && hw.is_multiple_of(8))
+        || (wide && c <= GRAM_WIDE_MAX && c.is_multiple_of(GRAM_WIDE_TILE) && hw.is_multiple_of(8))
 }
 pub const ELEMENTWISE_THREADS: u32 = 256;
 /// Ops and operands one fused elementwise launch carries.
@@ -849,8 +850,8 @@ pub struct Fusions {
     /// Gram moments for the modulated normalization (`gram_moments`): the 1x1 convolution and
     /// both statistics passes do not run. `TOONFLOW_NEURAL_GRAM=0` turns it off.
     pub gram: bool,
-    /// Gram moments also for 33 to 256 channels (`gram_takes`: three launches,
-    /// `nn_gram_wide`). `TOONFLOW_NEURAL_GRAM_WIDE=0` turns it off.
+    /// Gram moments also for 64 to 256 channels in whole 64-channel tiles (`gram_takes`: three
+    /// launches, `nn_gram_wide`). `TOONFLOW_NEURAL_GRAM_WIDE=0` turns it off.
     pub gram_wide: bool,
     /// Paired horizontal taps for narrow channels-last convolutions
     /// (`MmaGather::ChannelsLastPaired`). `TOONFLOW_NEURAL_PAIRED=0` turns it off.
