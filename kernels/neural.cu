@@ -20,7 +20,8 @@
 //   nn_moments_gram    the same for an fp16 tensor of <= 32 channels and for a 1x1 convolution
 //                      of it that only its statistics read, from the channels' Gram matrix
 //                      (tensor cores; the convolution is never run)
-//   nn_gram_wide[_reduce|_finish]  the same for 33 to 256 channels: partial sums of pairs of
+//   nn_gram_wide[_reduce|_finish]  the same for 64 to 256 channels in whole tiles (the kernels
+//                      also take a part tile; the planner does not yet): partial sums of pairs of
 //                      64-channel tiles over chunks of the pixels, their reduction, finishing
 //   nn_norm_apply      InstanceNormalization's (x - mean) / sqrt(var + eps) * scale + bias, act
 //   nn_eltwise         a fused chain of elementwise operators with broadcast operands
@@ -1786,7 +1787,8 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
 #endif
 
 // Wide Gram moments (sm_80+): the same statistics as nn_moments_gram for an fp16 tensor x of
-// NN_GRAM_CHANNELS < C <= NN_GRAM_WIDE_MAX channels (NCHW with hw a multiple of 8, or
+// NN_GRAM_CHANNELS < C <= NN_GRAM_WIDE_MAX channels (the planner asks for whole 64-channel
+// tiles: gram_takes; NCHW with hw a multiple of 8, or
 // channels-last), in three launches that share one parameter block:
 //   nn_gram_wide         grid (chunks, pairs): block (chunk, pair) sums the 64x64 block of
 //                        products of channel tiles (a, b), a <= b, of 64 channels, and (on the

@@ -60,8 +60,9 @@ fn hayao_32() -> NeuralModel {
     NeuralModel::from_bytes(&encode_model(&m), "hayao_32").unwrap()
 }
 
-/// hayao_like with 96 and 192 channels below full resolution: wide Gram moments over a tile
-/// pair whose second tile is a part (96 = 64 + 32) and over three tiles (six pairs).
+/// hayao_like with 96 and 192 channels below full resolution: wide Gram moments over three
+/// whole tiles (six pairs) at 192 channels; the 96 (64 + a part tile of 32) stay on the passes
+/// until the part-tile path has run on a GPU.
 fn hayao_96_192() -> NeuralModel {
     let m = hayao_like_channels([16, 96, 192, 192], "hayao_96_192");
     NeuralModel::from_bytes(&encode_model(&m), "hayao_96_192").unwrap()
@@ -1305,6 +1306,14 @@ fn wide_gram_moments_match_the_pass_they_replace() {
                 })
                 .collect();
             let mut g = gpu_with(&spec, true, false, true, fusions);
+            // (the program the GPU runs: a card without tensor cores plans no Gram moments)
+            let launched = g
+                .program()
+                .launches
+                .iter()
+                .filter(|l| l.kernel == Kernel::GramWide)
+                .count();
+            assert_eq!(launched, wide.len(), "{name} {w}x{h}: the GPU's program");
             let mut out = Tensor::zeros(&input.shape);
             let mut stats: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
             g.run_observed(&input, &mut out, &mut |_, _| {}, &mut |k, m, v| {

@@ -95,12 +95,17 @@ where
     })
 }
 
-/// The kernels a PTX module defines: the names of its `.entry` directives.
+/// The kernels a PTX module defines: the names of its `.entry` directives (whatever linkage
+/// directive comes first: `.visible`, `.weak`, none).
 pub fn ptx_entries(ptx: &str) -> impl Iterator<Item = &str> {
     ptx.lines().filter_map(|line| {
         let line = line.trim_start();
-        let rest = line.strip_prefix(".visible ").unwrap_or(line);
-        let name = rest.strip_prefix(".entry ")?.split('(').next()?.trim();
+        if !line.starts_with('.') {
+            return None;
+        }
+        let mut words = line.split_whitespace().skip_while(|w| *w != ".entry");
+        words.next()?;
+        let name = words.next()?.split('(').next()?.trim();
         (!name.is_empty()).then_some(name)
     })
 }

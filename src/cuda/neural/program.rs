@@ -75,7 +75,7 @@ pub const fn gram_pairs(c: usize) -> usize {
     tiles * (tiles + 1) / 2
 }
 /// Wide Gram moments (`nn_gram_wide` and its reduce and finish launches) for
-/// `GRAM_CHANNELS < C <= GRAM_WIDE_MAX`: threads a block, channels a tile (the 64x64 block of
+/// `GRAM_CHANNELS < C <= GRAM_WIDE_MAX` (taken in whole tiles: [`gram_takes`]): threads a block, channels a tile (the 64x64 block of
 /// products a block sums), the sums a block writes (those products, then a tile's channel
 /// sums), the blocks a launch aims at (chunks of the pixels times pairs of tiles), and the
 /// 1x1 convolution's outputs a finishing block computes.
