@@ -1288,7 +1288,15 @@ fn wide_gram_moments_match_the_pass_they_replace() {
         let name = model.name().to_string();
         let input = photo_tensor(&model, "chelsea.png", w, h);
         let spec = model.specialise(h, w).unwrap();
-        let cpu = spec.run(&input, None).unwrap();
+        // the CPU reference's output and its statistics (by normalize index), in one run
+        let mut cpu_stats: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+        let mut hook = |k: usize, m: &mut [f32], v: &mut [f32]| {
+            if cpu_stats.len() <= k {
+                cpu_stats.resize(k + 1, (Vec::new(), Vec::new()));
+            }
+            cpu_stats[k] = (m.to_vec(), v.to_vec());
+        };
+        let cpu = spec.run(&input, Some(&mut hook)).unwrap();
         let off = Fusions {
             gram_wide: false,
             ..Fusions::ALL
@@ -1352,13 +1360,7 @@ fn wide_gram_moments_match_the_pass_they_replace() {
         // (mean, and the standard deviation), within 2 % (a fault in the pass is far off),
         // and both with the CPU reference's fp32 statistics, where the wide Gram moments must
         // be about as close as the passes they replace.
-        let scale = |m: f32, v: f32| ((m as f64).powi(2) + v.max(0.0) as f64).sqrt() + 1e-6;
-        let err = |(m, v): (f32, f32), (m0, v0): (f32, f32)| {
-            let s = scale(m0, v0);
-            let dm = (m - m0).abs() as f64 / s;
-            let dsd = ((v.max(0.0) as f64).sqrt() - (v0.max(0.0) as f64).sqrt()).abs() / s;
-            dm.max(dsd)
-        };
+        let err = common::statistic_apart;
         // each statistics place's normalize index (the CPU hook's first argument)
         let order: Vec<usize> = fp16_plan(&spec, Fusions::ALL)
             .stats
@@ -1371,11 +1373,11 @@ fn wide_gram_moments_match_the_pass_they_replace() {
                     .index
             })
             .collect();
-        let mut cpu_stats: Vec<(Vec<f32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); s_on.len()];
-        let mut hook = |k: usize, m: &mut [f32], v: &mut [f32]| {
-            cpu_stats[k] = (m.to_vec(), v.to_vec());
-        };
-        spec.run(&input, Some(&mut hook)).unwrap();
+        assert_eq!(
+            cpu_stats.len(),
+            s_on.len(),
+            "{name} {w}x{h}: the CPU's statistics"
+        );
         let (mut worst, mut worst_at) = (0.0f64, (0, 0));
         let (mut sq_on, mut sq_off, mut max_on, mut max_off, mut n) = (0.0, 0.0, 0.0f64, 0.0f64, 0);
         for (k, ((m1, v1), (m0, v0))) in s_on.iter().zip(&s_off).enumerate() {

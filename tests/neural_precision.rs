@@ -223,9 +223,15 @@ fn fp16_weights_move_the_modulated_statistics_more_than_the_gram_moments() {
         r
     };
     let (w, h) = (256, 144);
+    // (the variants differ only in weights: one input for all)
+    let input = photos(
+        &NeuralModel::from_bytes(&encode_model(&m), "hayao_class").unwrap(),
+        w,
+        h,
+    )
+    .swap_remove(1);
     let statistics = |model: &ModelProto| {
         let model = NeuralModel::from_bytes(&encode_model(model), "hayao_class").unwrap();
-        let input = photos(&model, w, h).swap_remove(1);
         let mut out: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
         let mut hook = |k: usize, mean: &mut [f32], var: &mut [f32]| {
             if out.len() <= k {
@@ -244,11 +250,7 @@ fn fp16_weights_move_the_modulated_statistics_more_than_the_gram_moments() {
     let passes = statistics(&rounded(&narrow));
     let gram = statistics(&rounded(&stat_only));
     // mean and standard deviation apart, in units of sqrt(mean^2 + variance) of `b`
-    let apart = |a: (f32, f32), b: (f32, f32)| {
-        let s = (f64::from(b.0).powi(2) + f64::from(b.1.max(0.0))).sqrt() + 1e-6;
-        let dsd = (f64::from(a.1.max(0.0)).sqrt() - f64::from(b.1.max(0.0)).sqrt()).abs();
-        (f64::from((a.0 - b.0).abs()) / s).max(dsd / s)
-    };
+    let apart = common::statistic_apart;
     let (mut between, mut sq_passes, mut sq_gram, mut n) = (0.0f64, 0.0, 0.0, 0);
     for (k, e) in exact.iter().enumerate() {
         for c in 0..e.0.len() {

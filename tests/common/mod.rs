@@ -282,3 +282,12 @@ impl Rng {
         (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos()
     }
 }
+
+/// How far statistic `a` (mean, variance) lies from `b`: the larger of the means' and the
+/// standard deviations' difference, in units of `b`'s magnitude sqrt(mean^2 + variance) (fp16
+/// rounds relative to the values' magnitude, not their spread).
+pub fn statistic_apart(a: (f32, f32), b: (f32, f32)) -> f64 {
+    let s = (f64::from(b.0).powi(2) + f64::from(b.1.max(0.0))).sqrt() + 1e-6;
+    let dsd = (f64::from(a.1.max(0.0)).sqrt() - f64::from(b.1.max(0.0)).sqrt()).abs();
+    (f64::from((a.0 - b.0).abs()) / s).max(dsd / s)
+}
