@@ -1794,8 +1794,9 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_THREADS) nn_moments_gram(co
 //                        products of channel tiles (a, b), a <= b, of 64 channels, and (on the
 //                        diagonal) tile a's channel sums, over its chunk of the pixels, into
 //                        its NN_GRAM_WIDE_SUMS doubles of `partial`
-//   nn_gram_wide_reduce  one thread an entry: the chunks' partials in fixed order, divided by
-//                        the pixel count, into `gram` (E[x x^T], C x C, then E[x])
+//   nn_gram_wide_reduce  a lane an entry, the block's warps splitting the chunks: the chunks'
+//                        partials in fixed order, divided by the pixel count, into `gram`
+//                        (E[x x^T], C x C, then E[x])
 //   nn_gram_wide_finish  NN_GRAM_WIDE_OUTS outputs of the 1x1 convolution a block: mean
 //                        b + w.E[x], variance w^T cov w (cov = E[x x^T] - E[x] E[x]^T centred in
 //                        double, the quadratic form in float), x's own statistics, and the last
@@ -1953,27 +1954,42 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_WIDE_THREADS, 2) nn_gram_wi
 #endif
 }
 
-extern "C" __global__ void nn_gram_wide_reduce(const NnMomentsGram* __restrict__ p)
+extern "C" __global__ void __launch_bounds__(NN_GRAM_WIDE_THREADS) nn_gram_wide_reduce(const NnMomentsGram* __restrict__ p)
 {
+    // a block for NN_GRAM_WIDE_REDUCE_ENTRIES consecutive entries (one warp's coalesced loads
+    // a chunk), its warps each summing every (warps)th chunk from its own in order, then warp
+    // 0 the warps' sums in order: a fixed order, so the statistics are the same bits every run,
+    // and each thread waits on chunks / warps loads instead of all of them
+    constexpr int warps = NN_GRAM_WIDE_THREADS / 32;
+    __shared__ double sums[warps][NN_GRAM_WIDE_REDUCE_ENTRIES];
     const int c = p->c, tiles = (c + 63) / 64;
-    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= (long long)tiles * (tiles + 1) / 2 * NN_GRAM_WIDE_SUMS)
-        return;
-    const int pr = (int)(i / NN_GRAM_WIDE_SUMS), e = (int)(i % NN_GRAM_WIDE_SUMS);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long i = (long long)blockIdx.x * NN_GRAM_WIDE_REDUCE_ENTRIES + lane;
+    const bool inside = i < (long long)tiles * (tiles + 1) / 2 * NN_GRAM_WIDE_SUMS;
+    const int pr = inside ? (int)(i / NN_GRAM_WIDE_SUMS) : 0;
+    const int e = inside ? (int)(i % NN_GRAM_WIDE_SUMS) : 0;
     int a, b;
     nn_gram_wide_pair(pr, tiles, a, b);
     // a diagonal block holds each product twice: its upper triangle is taken
     const int row = 64 * a + e / 64, col = 64 * b + e % 64;
-    const bool product = e < 4096 && row < c && col < c && (a != b || row <= col);
-    const bool sum = e >= 4096 && a == b && 64 * a + e - 4096 < c;
-    if (!product && !sum)
-        return;
+    const bool product = inside && e < 4096 && row < c && col < c && (a != b || row <= col);
+    const bool sum = inside && e >= 4096 && a == b && 64 * a + e - 4096 < c;
     const int chunks = p->chunks;
-    const double* __restrict__ part = (const double*)p->partial + (long long)pr * chunks * NN_GRAM_WIDE_SUMS + e;
     double v = 0.0;
-#pragma unroll 8
-    for (int k = 0; k < chunks; k++)
-        v += part[(long long)k * NN_GRAM_WIDE_SUMS];
+    if (product || sum) {
+        const double* __restrict__ part = (const double*)p->partial + (long long)pr * chunks * NN_GRAM_WIDE_SUMS + e;
+#pragma unroll 4
+        for (int k = warp; k < chunks; k += warps)
+            v += part[(long long)k * NN_GRAM_WIDE_SUMS];
+    }
+    sums[warp][lane] = v;
+    __syncthreads();
+    if (warp != 0 || !(product || sum))
+        return;
+    v = 0.0;
+#pragma unroll
+    for (int k = 0; k < warps; k++)
+        v += sums[k][lane];
     v /= (double)p->hw;
     double* gram = (double*)p->gram;
     if (product) {
@@ -2015,6 +2031,9 @@ extern "C" __global__ void __launch_bounds__(NN_GRAM_WIDE_THREADS) nn_gram_wide_
 #pragma unroll
         for (int o = 0; o < NN_GRAM_WIDE_OUTS; o++)
             row[o] = 0.f;
+        // (unrolled: the loads of gram are independent, and one at a time left this launch
+        // waiting on L2 for each)
+#pragma unroll 8
         for (int j = 0; j < c; j++) {
             const float cov = (float)(gram[(long long)j * c + i] - mean_x[j] * mi);
 #pragma unroll

@@ -84,7 +84,10 @@ pub const GRAM_WIDE_TILE: usize = 64;
 pub const GRAM_WIDE_MAX: usize = 256;
 pub const GRAM_WIDE_SUMS: usize = GRAM_WIDE_TILE * GRAM_WIDE_TILE + GRAM_WIDE_TILE;
 pub const GRAM_WIDE_BLOCKS: u64 = 256;
-pub const GRAM_WIDE_OUTS: usize = 8;
+pub const GRAM_WIDE_OUTS: usize = 4;
+/// Entries of the Gram matrix one reducing block sums (a lane each, its warps splitting the
+/// chunks).
+pub const GRAM_WIDE_REDUCE_ENTRIES: u32 = 32;
 /// Pixels a wide Gram block stages at a time.
 const GRAM_WIDE_STEP: u64 = 64;
 // nn_gram_wide lays its eight warps over the 64x64 block (rows 16 (w & 3), columns 32 (w >> 2))
@@ -474,6 +477,10 @@ pub fn header() -> String {
         Define::int("NN_GRAM_WIDE_MAX", GRAM_WIDE_MAX as i64),
         Define::int("NN_GRAM_WIDE_SUMS", GRAM_WIDE_SUMS as i64),
         Define::int("NN_GRAM_WIDE_OUTS", GRAM_WIDE_OUTS as i64),
+        Define::int(
+            "NN_GRAM_WIDE_REDUCE_ENTRIES",
+            GRAM_WIDE_REDUCE_ENTRIES as i64,
+        ),
         Define::int("NN_EW_AFFINE_VEC", EW_AFFINE_VEC as i64),
         Define::int("NN_EW_LAST_MAX", EW_LAST_MAX as i64),
         Define::int("NN_PRE_MAX", PRE_MAX as i64),
@@ -2859,7 +2866,7 @@ fn build_program(
                         (Kernel::GramWide, (chunks, pairs, 1)),
                         (
                             Kernel::GramWideReduce,
-                            (entries.div_ceil(GRAM_WIDE_THREADS), 1, 1),
+                            (entries.div_ceil(GRAM_WIDE_REDUCE_ENTRIES), 1, 1),
                         ),
                         (Kernel::GramWideFinish, (finishing, 1, 1)),
                     ] {
