@@ -2954,3 +2954,43 @@ fn centered_stages_keep_the_function_in_fp16() {
         "no generated model has a stage to center"
     );
 }
+
+/// A plan does not depend on where its arena and static block lie: at base 0 for both (the
+/// sizing build, these tests' `fp16_plan`) the statistics' static addresses once seemed to lie
+/// under the output convolution's arena output, and hayao_class's last modulated normalization
+/// stayed an elementwise launch there while the element (distinct bases) folded it into the
+/// output convolution's gather. No GPU needed.
+#[test]
+fn plans_do_not_depend_on_their_bases() {
+    use gsttoonflow::cuda::neural::program::build;
+    let spec = hayao_class().specialise(1080, 1920).unwrap();
+    let storage = Storage {
+        fusions: Fusions::ALL,
+        ..Storage::uniform(spec.stage_count(), true)
+    };
+    let kernels = |arena: u64, statics: u64| -> Vec<(Kernel, (u32, u32, u32))> {
+        build(&spec, &storage, arena, statics)
+            .unwrap()
+            .launches
+            .iter()
+            .map(|l| (l.kernel, l.grid))
+            .collect()
+    };
+    let at_zero = kernels(0, 0);
+    let apart = kernels(1 << 32, 1 << 40);
+    assert_eq!(at_zero, apart, "the launches at bases (0, 0) and apart");
+    // the last normalization's chain goes into the output convolution's gather
+    let eltwise = at_zero
+        .iter()
+        .filter(|(k, _)| *k == Kernel::Eltwise)
+        .count();
+    let last = at_zero.last().unwrap().0;
+    assert!(
+        matches!(last, Kernel::ConvMma(..)),
+        "the output convolution comes last: {last:?}"
+    );
+    assert!(
+        at_zero[at_zero.len() - 2].0 != Kernel::Eltwise,
+        "the last chain is folded ({eltwise} elementwise launches)"
+    );
+}

@@ -1344,6 +1344,7 @@ pub const PIPELINE_MIN_SHARED_PER_SM: u32 = 3 * (60 + 1) * 1024;
 /// then reads X from the same buffer and takes each value through the chain (the same
 /// coefficients and rounding as `nn_eltwise`'s). Pads apply to the chain's output, as before:
 /// a reflected pixel is transformed, a constant fill or zero padding is not.
+#[allow(clippy::too_many_arguments)]
 fn prologue_chain(
     l: &Lowered,
     blocks: &[Pending],
@@ -1352,6 +1353,7 @@ fn prologue_chain(
     x_name: &str,
     places: &HashMap<String, Place>,
     y: &Place,
+    in_arena: &dyn Fn(&str) -> bool,
 ) -> Option<NnEltwise> {
     let x = places.get(x_name)?;
     let gathers_channels_last = matches!(
@@ -1381,12 +1383,14 @@ fn prologue_chain(
     }
     let writes_x = l.stages[*stage].outputs.first().map(String::as_str) == Some(x_name);
     // every block reads the other operands for its coefficients while others write the output
-    // (build() keeps them alive until the convolution; this makes sure of it)
+    // (build() keeps them alive until the convolution; this makes sure of it). Only operands in
+    // the arena can lie under the output: statistics live in the static block, whose addresses
+    // are not comparable with the arena's (both start at 0 in a plan built at base 0).
     let out = y.span();
     let clear_of_output = l.stages[*stage]
         .inputs
         .iter()
-        .filter(|v| l.shapes.get(*v) != l.shapes.get(x_name))
+        .filter(|v| l.shapes.get(*v) != l.shapes.get(x_name) && in_arena(v))
         .filter_map(|v| places.get(v))
         .all(|p| p.span().end <= out.start || p.span().start >= out.end);
     (*stage + 1 == conv
@@ -3328,7 +3332,9 @@ fn build_program(
                                         48 * 1024
                                     } =>
                         {
-                            match prologue_chain(l, &blocks, i, gather, x_name, &places, &y) {
+                            match prologue_chain(
+                                l, &blocks, i, gather, x_name, &places, &y, &stored,
+                            ) {
                                 Some(chain) => {
                                     blocks.pop();
                                     prologue_stages.push(i - 1);
