@@ -156,11 +156,21 @@ fn params<T: bytemuck::Pod>(
 
 /// The uniform fp16 plan of `spec` with `fusions`, built at static base 0 (no GPU needed).
 fn fp16_plan(spec: &Specialised, fusions: Fusions) -> gsttoonflow::cuda::neural::program::Program {
+    fp16_plan_at(spec, fusions, 0, 0)
+}
+
+/// [`fp16_plan`] with its arena and static block at the given bases.
+fn fp16_plan_at(
+    spec: &Specialised,
+    fusions: Fusions,
+    arena_base: u64,
+    static_base: u64,
+) -> gsttoonflow::cuda::neural::program::Program {
     let storage = Storage {
         fusions,
         ..Storage::uniform(spec.stage_count(), true)
     };
-    gsttoonflow::cuda::neural::program::build(spec, &storage, 0, 0).unwrap()
+    gsttoonflow::cuda::neural::program::build(spec, &storage, arena_base, static_base).unwrap()
 }
 
 /// hayao_class's uniform fp16 plans at 1920x1080 and 960x544 with a fusion on and off
@@ -2962,15 +2972,9 @@ fn centered_stages_keep_the_function_in_fp16() {
 /// output convolution's gather. No GPU needed.
 #[test]
 fn plans_do_not_depend_on_their_bases() {
-    use gsttoonflow::cuda::neural::program::build;
     let spec = hayao_class().specialise(1080, 1920).unwrap();
-    let storage = Storage {
-        fusions: Fusions::ALL,
-        ..Storage::uniform(spec.stage_count(), true)
-    };
     let kernels = |arena: u64, statics: u64| -> Vec<(Kernel, (u32, u32, u32))> {
-        build(&spec, &storage, arena, statics)
-            .unwrap()
+        fp16_plan_at(&spec, Fusions::ALL, arena, statics)
             .launches
             .iter()
             .map(|l| (l.kernel, l.grid))

@@ -98,6 +98,8 @@ const _: () = assert!(
         && GRAM_WIDE_TILE == 64
         && GRAM_WIDE_STEP == 64
         && GRAM_WIDE_MAX <= 256
+        // nn_gram_wide_reduce: a lane an entry
+        && GRAM_WIDE_REDUCE_ENTRIES == 32
 );
 
 /// The pairs of 64-channel tiles (a <= b) of wide Gram moments over `c` channels.
