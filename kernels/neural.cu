@@ -678,6 +678,9 @@ struct NnFixedShape<NN_GATHER_TP_7X7> : NnShape<7, 2, 4, 4, 1> {};
 // a multiprocessor (at two its tile's shared memory allows no more), 85 registers, no spills; at four
 // two blocks (ptxas, sm_90: 128 registers and 24 bytes of spill; unbounded, 148 registers left
 // one block a multiprocessor, and hayao_class ran 5 % slower at 1080p on an H100)
+// The eight-tile fixed 3x3 kernels run NN_TC_ROWS or NN_TC_TALL_ROWS warps a block (the host's
+// tall 3x3 blocks), held to the 128 registers of four blocks of NN_TC_ROWS warps either way.
+#define NN_TC_TALL_3X3_BOUNDS __launch_bounds__(32 * NN_TC_TALL_ROWS, 4 * NN_TC_ROWS / NN_TC_TALL_ROWS)
 #define NN_TC_STEM_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 3 : 2)
 
 // One 16-byte cp.async (global -> shared, cached in L2 only: a tile pixel is read again by the
@@ -829,7 +832,9 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // the 7x7 kernels take their block's output rows from the launch (a warp a row: the host's
     // tall blocks, NN_TC_TALL_ROWS, share each tile row's gather among more outputs); the
     // others compile NN_TC_ROWS in
-    constexpr bool tall = GATHER == NN_GATHER_TP_7X7 || GATHER == NN_GATHER_CL_PAIRED;
+    // (and the fixed 3x3 ones: at eight tiles the host's Fusions::tall_3x3 launches NN_TC_TALL_ROWS
+    // warps, so that a chunk's B fragments and the tile's two halo rows serve eight rows, not four)
+    constexpr bool tall = GATHER == NN_GATHER_TP_7X7 || GATHER == NN_GATHER_CL_PAIRED || GATHER == NN_GATHER_CL_3X3;
     // output rows a warp: the paired output convolution's warps take NN_TC_PAIRED_ROWS
     // consecutive rows and the stem's NN_TC_STEM_ROWS, so that each tile row's A fragments
     // serve all of them (nn_tc_taps_rows); the host launches (rows / RPW) warps
@@ -1270,7 +1275,7 @@ extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_
 // (four tiles: launched double-buffered only, NnConv::stages)
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
 // (eight tiles at 128 registers, 4 blocks a multiprocessor: it fits without spills, 142 unbounded)
-extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3>(p); }
+extern "C" __global__ void NN_TC_TALL_3X3_BOUNDS nn_conv_mma_hh_8_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3>(p); }
 #endif // NN_IN_PART(3)
 #if NN_IN_PART(4) // the fixed shapes through a Resize, of stride 2, 7x7
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3_RS>(p); }
@@ -2322,6 +2327,87 @@ __device__ __forceinline__ void nn_eltwise_affine_body(const NnEltwise& s)
     }
 }
 
+// The op of a chain on V values at once: one dispatch for all of them (unrolled, each case's
+// loop is the scalar op with its code known).
+#define NN_EW_BINARY_CASE(c) \
+    case c:                   \
+        _Pragma("unroll") for (int j = 0; j < V; j++) a[j] = nn_binary(c, a[j], b[j]); \
+        break;
+template <int V>
+__device__ __forceinline__ void nn_binary_n(int op, float (&a)[V], const float (&b)[V])
+{
+    switch (op) {
+        NN_EW_BINARY_CASE(NN_EW_ADD)
+        NN_EW_BINARY_CASE(NN_EW_SUB)
+        NN_EW_BINARY_CASE(NN_EW_MUL)
+        NN_EW_BINARY_CASE(NN_EW_DIV)
+    default:
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            a[j] = nn_binary(op, a[j], b[j]);
+    }
+}
+#undef NN_EW_BINARY_CASE
+
+// V consecutive values of an operand contiguous along the last axis from index at: 16-byte
+// loads where the address allows (CG: through L2, as nn_load_cg).
+template <int V, bool CG>
+__device__ __forceinline__ void nn_load_run(unsigned long long p, long long at, int is_half, float (&v)[V])
+{
+    const unsigned long long addr = p + (unsigned long long)at * (is_half ? 2 : 4);
+    if (V % 8 == 0 && is_half && (addr & 15) == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 8) {
+            const uint4 q = CG ? __ldcg((const uint4*)addr + j / 8) : __ldg((const uint4*)addr + j / 8);
+            const unsigned int w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[j + 2 * k] = half_bits_to_float((unsigned short)(w[k] & 0xffffu));
+                v[j + 2 * k + 1] = half_bits_to_float((unsigned short)(w[k] >> 16));
+            }
+        }
+    } else if (V % 4 == 0 && !is_half && (addr & 15) == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 4) {
+            const float4 q = CG ? __ldcg((const float4*)addr + j / 4) : __ldg((const float4*)addr + j / 4);
+            v[j] = q.x;
+            v[j + 1] = q.y;
+            v[j + 2] = q.z;
+            v[j + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            v[j] = CG ? nn_load_cg(p, at + j, is_half) : nn_load(p, at + j, is_half);
+    }
+}
+
+// V consecutive output values from index i: 16-byte stores where the address allows.
+template <int V>
+__device__ __forceinline__ void nn_store_run(unsigned long long p, long long i, int is_half, const float (&v)[V])
+{
+    const unsigned long long addr = p + (unsigned long long)i * (is_half ? 2 : 4);
+    if (V % 8 == 0 && is_half && (addr & 15) == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 8) {
+            uint4 q;
+            q.x = nn_pack2(float_to_half_bits(v[j]), float_to_half_bits(v[j + 1]));
+            q.y = nn_pack2(float_to_half_bits(v[j + 2]), float_to_half_bits(v[j + 3]));
+            q.z = nn_pack2(float_to_half_bits(v[j + 4]), float_to_half_bits(v[j + 5]));
+            q.w = nn_pack2(float_to_half_bits(v[j + 6]), float_to_half_bits(v[j + 7]));
+            *((uint4*)addr + j / 8) = q;
+        }
+    } else if (V % 4 == 0 && !is_half && (addr & 15) == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 4)
+            *((float4*)addr + j / 4) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            nn_store(p, i + j, is_half, v[j]);
+    }
+}
+
 // V consecutive elements along the last axis per thread (V = 4 when that axis allows it): the
 // index decomposition, operand offsets and the op dispatch are paid once per V values.
 // (CG: the operands through L2, for values written earlier in the same launch; first and
@@ -2367,6 +2453,10 @@ __device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s, Idx first, I
 #pragma unroll
                         for (int j = 0; j < V; j++)
                             v[k][j] = u;
+                    } else if (st[3] == 1) {
+                        // contiguous along the last axis (a full-size operand, or per channel
+                        // of a channels-last tensor): vector loads
+                        nn_load_run<V, CG>(s.operand[ref], at, s.operand_half[ref], v[k]);
                     } else {
 #pragma unroll
                         for (int j = 0; j < V; j++)
@@ -2375,14 +2465,18 @@ __device__ __forceinline__ void nn_eltwise_body(const NnEltwise& s, Idx first, I
                     }
                 }
             }
+            if (unary) {
 #pragma unroll
-            for (int j = 0; j < V; j++)
-                cur[j] = unary ? nn_unary(code, v[0][j], s.op_p0[o], s.op_p1[o])
-                               : nn_binary(code, v[0][j], v[1][j]);
+                for (int j = 0; j < V; j++)
+                    cur[j] = nn_unary(code, v[0][j], s.op_p0[o], s.op_p1[o]);
+            } else {
+                nn_binary_n<V>(code, v[0], v[1]);
+#pragma unroll
+                for (int j = 0; j < V; j++)
+                    cur[j] = v[0][j];
+            }
         }
-#pragma unroll
-        for (int j = 0; j < V; j++)
-            nn_store(s.y, (long long)i + j, s.y_half, cur[j]);
+        nn_store_run<V>(s.y, (long long)i, s.y_half, cur);
     }
 }
 

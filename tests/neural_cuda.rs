@@ -2275,9 +2275,14 @@ fn seven_by_seven_kernels_run_tall_blocks() {
     for model in &models {
         let spec = model.specialise(1088, 1920).unwrap();
         let plan = |fusions: Fusions| fp16_plan(&spec, fusions);
-        let tall = plan(Fusions::ALL);
+        // (the eight-tile 3x3's tall blocks off in both: this test is the 7x7 kernels')
+        let tall = plan(Fusions {
+            tall_3x3: false,
+            ..Fusions::ALL
+        });
         let short = plan(Fusions {
             tall_7x7: false,
+            tall_3x3: false,
             ..Fusions::ALL
         });
         assert_eq!(tall.launches.len(), short.launches.len());
@@ -2328,6 +2333,68 @@ fn tall_7x7_blocks_keep_the_bits() {
         ..Fusions::ALL
     };
     fusion_keeps_the_bits_on_photos(short, "tall blocks");
+}
+
+/// The eight-tile fixed 3x3 layers run `TC_TALL_ROWS` warps a block where unbanded
+/// (`Fusions::tall_3x3`, no GPU needed to plan): on hayao_class at 1920x1080 and 960x544 each
+/// such launch has eight warps, a grid of eight rows a block and the shared memory of an
+/// eight-row tile, within what the kernels are opted in to; no other launch changes; with the
+/// switch off every one has four warps.
+#[test]
+fn eight_tile_3x3_layers_run_tall_blocks() {
+    use gsttoonflow::cuda::neural::program::{
+        MmaGather, NnConv, TC_ROWS, TC_SHARED_OPT_IN, TC_TALL_ROWS, conv_shared_bytes_rows,
+    };
+    for (w, h, on, off) in hayao_class_plans(|tall_3x3| Fusions {
+        tall_3x3,
+        ..Fusions::ALL
+    }) {
+        assert_eq!(on.launches.len(), off.launches.len());
+        let mut tall = 0;
+        for (a, b) in on.launches.iter().zip(&off.launches) {
+            assert_eq!(a.kernel, b.kernel);
+            if a.kernel != Kernel::ConvMma(true, 8, MmaGather::ChannelsLast3x3) {
+                assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
+                continue;
+            }
+            let c: NnConv = params(&on, a);
+            assert_eq!(b.block.0, 32 * TC_ROWS);
+            // (a banded layer keeps its four-warp blocks: its bands are whole blocks of those)
+            if b.grid.1 != (c.oh as u32).div_ceil(TC_ROWS) {
+                assert_eq!((a.grid, a.block, a.shared), (b.grid, b.block, b.shared));
+                continue;
+            }
+            tall += 1;
+            assert_eq!(a.block.0, 32 * TC_TALL_ROWS);
+            assert_eq!((a.grid.0, a.grid.2), (b.grid.0, b.grid.2));
+            assert_eq!(a.grid.1, (c.oh as u32).div_ceil(TC_TALL_ROWS));
+            let rows = conv_shared_bytes_rows(MmaGather::ChannelsLast3x3, 8, &c, TC_TALL_ROWS);
+            assert_eq!(a.shared, rows);
+            assert!(a.shared <= TC_SHARED_OPT_IN && a.shared > b.shared);
+        }
+        println!("hayao_class {w}x{h}: {tall} tall eight-tile 3x3 launches");
+        assert!(tall >= 3, "hayao_class {w}x{h}: {tall}");
+    }
+}
+
+/// A tall eight-tile 3x3 block computes each output as a four-warp one does (the same taps and
+/// chunks in the same order): the same bits on hayao_class over a photo at 1920x1080 and
+/// 960x540 (540 rows: at a quarter, 135, the last block of eight rows is cut short).
+#[test]
+fn tall_3x3_blocks_keep_the_bits() {
+    need_gpu!();
+    let off = Fusions {
+        tall_3x3: false,
+        ..Fusions::ALL
+    };
+    let model = hayao_class();
+    for (w, h) in [(1920, 1080), (960, 540)] {
+        let input = photo_tensor(&model, "chelsea.png", w, h);
+        let spec = model.specialise(h, w).unwrap();
+        let (a, b) = run_with_and_without(&spec, &input, off);
+        println!("hayao_class {w}x{h}: {} values", a.data.len());
+        assert_same_bits(&a, &b, "hayao_class: tall 3x3 blocks");
+    }
 }
 
 /// The double-buffered 1x1 layers over channels-last inputs at eight channel tiles take the

@@ -896,6 +896,10 @@ pub struct Fusions {
     /// The 7x7 kernels (stem, paired output convolution) run `TC_TALL_ROWS` rows a block
     /// (`MmaGather::tall`). `TOONFLOW_NEURAL_TALL=0` turns it off.
     pub tall_7x7: bool,
+    /// The eight-tile fixed 3x3 (`MmaGather::ChannelsLast3x3`) runs `TC_TALL_ROWS` rows a block:
+    /// a chunk's B fragments (18 KiB) and the tile's two halo rows are staged once for eight
+    /// output rows, not four. `TOONFLOW_NEURAL_TALL3=1` turns it on.
+    pub tall_3x3: bool,
     /// The network's input stored in fp16 where its only reader is a tensor-core convolution
     /// that takes it through the NHWC gather (`half_input`): that convolution rounds it to
     /// fp16 as it stages it anyway. `TOONFLOW_NEURAL_HALF_INPUT=0` turns it off.
@@ -929,6 +933,7 @@ impl Fusions {
         residual_act: true,
         residual_pairs: true,
         tall_7x7: true,
+        tall_3x3: true,
         half_input: true,
         stat_chains: true,
         fixed_1x1: true,
@@ -948,6 +953,7 @@ impl Fusions {
         residual_act: false,
         residual_pairs: false,
         tall_7x7: false,
+        tall_3x3: false,
         half_input: false,
         stat_chains: false,
         fixed_1x1: false,
@@ -981,6 +987,7 @@ impl Fusions {
             residual_act: switch("TOONFLOW_NEURAL_RESIDUAL_ACT", true),
             residual_pairs: switch("TOONFLOW_NEURAL_RESIDUAL_PAIRS", true),
             tall_7x7: switch("TOONFLOW_NEURAL_TALL", true),
+            tall_3x3: switch("TOONFLOW_NEURAL_TALL3", false),
             half_input: switch("TOONFLOW_NEURAL_HALF_INPUT", true),
             stat_chains: switch("TOONFLOW_NEURAL_STAT_CHAINS", true),
             fixed_1x1: switch("TOONFLOW_NEURAL_1X1", true),
@@ -2277,6 +2284,13 @@ fn affine_chain_along(p: &NnEltwise, operands: usize, axes: &[usize]) -> Option<
     cur.then_some((x, n_ops))
 }
 
+/// Threads of a softmax block (one block a row): 1024 for a few long rows, which would
+/// otherwise leave the GPU to one 256-thread block (hayao_class's attention: one row of 32400
+/// values took 74 µs on an H100), else 256.
+pub fn softmax_threads(rows: usize, len: usize) -> u32 {
+    if rows < 64 && len >= 4096 { 1024 } else { 256 }
+}
+
 /// Row bands a banded convolution runs in, at most: `BANDS`, or twice as many where the lag
 /// rows sit at the arena's peak and the smaller lag shrinks it (`BAND_COUNTS`, tried in order).
 pub const BANDS: usize = 6;
@@ -3364,10 +3378,16 @@ fn build_program(
                         Kernel::ConvMma(_, _, g) => g.rows_per_warp(),
                         _ => 1,
                     };
+                    let tall_allowed = |g: MmaGather, nt: u8| {
+                        if g.tall() {
+                            storage.fusions.tall_7x7
+                        } else {
+                            g == MmaGather::ChannelsLast3x3 && nt == 8 && storage.fusions.tall_3x3
+                        }
+                    };
                     let warps = match kernel {
                         Kernel::ConvMma(_, nt, g)
-                            if g.tall()
-                                && storage.fusions.tall_7x7
+                            if tall_allowed(g, nt)
                                 && count == 1
                                 && conv_shared_bytes_rows(g, nt, &p, TC_TALL_ROWS * per_warp)
                                     <= TC_SHARED_OPT_IN =>
@@ -3824,7 +3844,7 @@ fn build_program(
                             Kernel::Softmax,
                             bytemuck::bytes_of(&p).to_vec(),
                             (rows.max(1) as u32, 1, 1),
-                            (256, 1, 1),
+                            (softmax_threads(rows, len), 1, 1),
                             i,
                         ));
                     }
