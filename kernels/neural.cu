@@ -832,9 +832,12 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
     // the 7x7 kernels take their block's output rows from the launch (a warp a row: the host's
     // tall blocks, NN_TC_TALL_ROWS, share each tile row's gather among more outputs); the
     // others compile NN_TC_ROWS in
-    // (and the fixed 3x3 ones: at eight tiles the host's Fusions::tall_3x3 launches NN_TC_TALL_ROWS
-    // warps, so that a chunk's B fragments and the tile's two halo rows serve eight rows, not four)
-    constexpr bool tall = GATHER == NN_GATHER_TP_7X7 || GATHER == NN_GATHER_CL_PAIRED || GATHER == NN_GATHER_CL_3X3;
+    // (and the eight-tile fixed 3x3, which the host's Fusions::tall_3x3 launches with
+    // NN_TC_TALL_ROWS warps, so that a chunk's B fragments and the tile's two halo rows serve eight
+    // rows, not four; the narrower 3x3 kernels keep their rows compiled in: the real tiny's
+    // layers, which a runtime row count might slow)
+    constexpr bool tall = GATHER == NN_GATHER_TP_7X7 || GATHER == NN_GATHER_CL_PAIRED ||
+                          (GATHER == NN_GATHER_CL_3X3 && NT == 8);
     // output rows a warp: the paired output convolution's warps take NN_TC_PAIRED_ROWS
     // consecutive rows and the stem's NN_TC_STEM_ROWS, so that each tile row's A fragments
     // serve all of them (nn_tc_taps_rows); the host launches (rows / RPW) warps
