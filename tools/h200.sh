@@ -64,7 +64,10 @@ for step in "$@"; do
             for t in .gpu/tests/neural_cuda-* .gpu/tests/cuda_parity-* .gpu/tests/cuda_memory-*; do
                 for tool in memcheck racecheck; do
                     echo "--- $tool ${t##*/}"
-                    compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+                    # (--report-api-errors no: the element asks the driver whether a host buffer is
+                    # pinned, cuMemHostGetFlags / cuPointerGetAttribute, and "invalid value" is the
+                    # answer "pageable"; memcheck counted each as an error, 176 in neural_cuda)
+                    compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 --print-limit 20 \
                         "$t" --test-threads=1 ${TOONFLOW_SANITIZE_FILTER:-} >"$out/sanitize-$tool-${t##*/}.log" 2>&1
                     code=$?
                     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test result" "$out/sanitize-$tool-${t##*/}.log"
