@@ -2411,7 +2411,7 @@ __device__ __forceinline__ void nn_store_run(unsigned long long p, long long i, 
     }
 }
 
-// V consecutive elements along the last axis per thread (V = 4 when that axis allows it): the
+// V consecutive elements along the last axis per thread (NN_EW_VEC when that axis allows it): the
 // index decomposition, operand offsets and the op dispatch are paid once per V values.
 // (CG: the operands through L2, for values written earlier in the same launch; first and
 // stride: the grid-stride loop's, in units of V values)
@@ -2644,7 +2644,8 @@ extern "C" __global__ void nn_resize(const NnResize* __restrict__ p)
 
 // Softmax of each of `rows` rows of `len` values: one block per row, three passes.
 #if NN_IN_PART(0)
-extern "C" __global__ void nn_softmax(const NnSoftmax* __restrict__ p)
+// (launched with up to 1024 threads: softmax_threads)
+extern "C" __global__ void __launch_bounds__(1024) nn_softmax(const NnSoftmax* __restrict__ p)
 {
     __shared__ float fshared[32];
     __shared__ double dshared[32];
