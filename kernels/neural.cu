@@ -678,9 +678,6 @@ struct NnFixedShape<NN_GATHER_TP_7X7> : NnShape<7, 2, 4, 4, 1> {};
 // a multiprocessor (at two its tile's shared memory allows no more), 85 registers, no spills; at four
 // two blocks (ptxas, sm_90: 128 registers and 24 bytes of spill; unbounded, 148 registers left
 // one block a multiprocessor, and hayao_class ran 5 % slower at 1080p on an H100)
-// The eight-tile fixed 3x3 kernels run NN_TC_ROWS or NN_TC_TALL_ROWS warps a block (the host's
-// tall 3x3 blocks), held to the 128 registers of four blocks of NN_TC_ROWS warps either way.
-#define NN_TC_TALL_3X3_BOUNDS __launch_bounds__(32 * NN_TC_TALL_ROWS, 4 * NN_TC_ROWS / NN_TC_TALL_ROWS)
 #define NN_TC_STEM_BOUNDS(NT) __launch_bounds__(32 * NN_TC_TALL_ROWS, (NT) <= 2 ? 3 : 2)
 
 // One 16-byte cp.async (global -> shared, cached in L2 only: a tile pixel is read again by the
@@ -1278,7 +1275,9 @@ extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_
 // (four tiles: launched double-buffered only, NnConv::stages)
 extern "C" __global__ void NN_TC_BOUNDS(4) nn_conv_mma_hh_4_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 4, NN_GATHER_CL_3X3>(p); }
 // (eight tiles at 128 registers, 4 blocks a multiprocessor: it fits without spills, 142 unbounded)
-extern "C" __global__ void NN_TC_TALL_3X3_BOUNDS nn_conv_mma_hh_8_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3>(p); }
+// (NN_TC_ROWS or, the host's tall 3x3 blocks, NN_TC_TALL_ROWS warps a block: held to the 128
+// registers of four blocks of NN_TC_ROWS warps either way)
+extern "C" __global__ void __launch_bounds__(32 * NN_TC_TALL_ROWS, 4 * NN_TC_ROWS / NN_TC_TALL_ROWS) nn_conv_mma_hh_8_c3(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3>(p); }
 #endif // NN_IN_PART(3)
 #if NN_IN_PART(4) // the fixed shapes through a Resize, of stride 2, 7x7
 extern "C" __global__ void __launch_bounds__(32 * NN_TC_ROWS, 4) nn_conv_mma_hh_8_c3r(const NnConv* __restrict__ p) { nn_conv_mma_body<NnF16, 8, NN_GATHER_CL_3X3_RS>(p); }
