@@ -364,6 +364,17 @@ __device__ __forceinline__ void nn_unpack8(uint4 q, float f[8])
     }
 }
 
+// Eight floats rounded to fp16 for one 16-byte store (nn_unpack8's inverse).
+__device__ __forceinline__ uint4 nn_pack8(const float f[8])
+{
+    uint4 q;
+    q.x = nn_pack2(float_to_half_bits(f[0]), float_to_half_bits(f[1]));
+    q.y = nn_pack2(float_to_half_bits(f[2]), float_to_half_bits(f[3]));
+    q.z = nn_pack2(float_to_half_bits(f[4]), float_to_half_bits(f[5]));
+    q.w = nn_pack2(float_to_half_bits(f[6]), float_to_half_bits(f[7]));
+    return q;
+}
+
 // A resized pixel's 16 channels (chunk) from its four taps' 32-byte source pixels, packed in
 // pairs and rounded to fp16 as the Resize's own output would be: load(o, half8) gives the 8
 // channels half8 of the source pixel at pixel offset o (the row-1 taps only when wy1 != 0).
@@ -2268,13 +2279,7 @@ __device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long 
     if (xh && V % 8 == 0) {
 #pragma unroll
         for (int j = 0; j < V; j += 8) {
-            const uint4 q = __ldg((const uint4*)((const unsigned short*)xp + i + j));
-            const unsigned int w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                v[j + 2 * k] = half_bits_to_float((unsigned short)(w[k] & 0xffffu));
-                v[j + 2 * k + 1] = half_bits_to_float((unsigned short)(w[k] >> 16));
-            }
+            nn_unpack8(__ldg((const uint4*)((const unsigned short*)xp + i + j)), v + j);
         }
     } else {
 #pragma unroll
@@ -2287,12 +2292,7 @@ __device__ __forceinline__ void nn_eltwise_affine(const NnEltwise& s, long long 
     if (s.y_half && V % 8 == 0) {
 #pragma unroll
         for (int j = 0; j < V; j += 8) {
-            uint4 q;
-            q.x = nn_pack2(float_to_half_bits(v[j]), float_to_half_bits(v[j + 1]));
-            q.y = nn_pack2(float_to_half_bits(v[j + 2]), float_to_half_bits(v[j + 3]));
-            q.z = nn_pack2(float_to_half_bits(v[j + 4]), float_to_half_bits(v[j + 5]));
-            q.w = nn_pack2(float_to_half_bits(v[j + 6]), float_to_half_bits(v[j + 7]));
-            *(uint4*)((unsigned short*)s.y + i + j) = q;
+            *(uint4*)((unsigned short*)s.y + i + j) = nn_pack8(v + j);
         }
     } else {
 #pragma unroll
@@ -2360,13 +2360,7 @@ __device__ __forceinline__ void nn_load_run(unsigned long long p, long long at, 
     if (V % 8 == 0 && is_half && (addr & 15) == 0) {
 #pragma unroll
         for (int j = 0; j < V; j += 8) {
-            const uint4 q = CG ? __ldcg((const uint4*)addr + j / 8) : __ldg((const uint4*)addr + j / 8);
-            const unsigned int w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                v[j + 2 * k] = half_bits_to_float((unsigned short)(w[k] & 0xffffu));
-                v[j + 2 * k + 1] = half_bits_to_float((unsigned short)(w[k] >> 16));
-            }
+            nn_unpack8(CG ? __ldcg((const uint4*)addr + j / 8) : __ldg((const uint4*)addr + j / 8), v + j);
         }
     } else if (V % 4 == 0 && !is_half && (addr & 15) == 0) {
 #pragma unroll
@@ -2392,12 +2386,7 @@ __device__ __forceinline__ void nn_store_run(unsigned long long p, long long i, 
     if (V % 8 == 0 && is_half && (addr & 15) == 0) {
 #pragma unroll
         for (int j = 0; j < V; j += 8) {
-            uint4 q;
-            q.x = nn_pack2(float_to_half_bits(v[j]), float_to_half_bits(v[j + 1]));
-            q.y = nn_pack2(float_to_half_bits(v[j + 2]), float_to_half_bits(v[j + 3]));
-            q.z = nn_pack2(float_to_half_bits(v[j + 4]), float_to_half_bits(v[j + 5]));
-            q.w = nn_pack2(float_to_half_bits(v[j + 6]), float_to_half_bits(v[j + 7]));
-            *((uint4*)addr + j / 8) = q;
+            *((uint4*)addr + j / 8) = nn_pack8(v + j);
         }
     } else if (V % 4 == 0 && !is_half && (addr & 15) == 0) {
 #pragma unroll
