@@ -111,6 +111,31 @@ __device__ __forceinline__ float nn_activate(float x, int act, float a, float b)
     }
 }
 
+// nn_activate's curves out of line: a wide tensor-core epilogue activates each of its values on
+// its own, and with sigmoid's and tanh's code inlined for each the eight-tile kernels' code was
+// about 200 KiB, most of it never run, and their warps waited on instruction fetches.
+__device__ __noinline__ float nn_activate_curve(float x, int act)
+{
+    return act == NN_ACT_SIGMOID ? 1.0f / (1.0f + expf(-x)) : tanhf(x);
+}
+
+// nn_activate, its piecewise-linear cases inline (a few selects a value) and its curves called.
+__device__ __forceinline__ float nn_activate_lean(float x, int act, float a, float b)
+{
+    if (act == NN_ACT_SIGMOID || act == NN_ACT_TANH)
+        return nn_activate_curve(x, act);
+    float y = x;
+    if (act == NN_ACT_RELU)
+        y = x < 0.0f ? 0.0f : x;
+    if (act == NN_ACT_LEAKY)
+        y = x < 0.0f ? a * x : x;
+    if (act == NN_ACT_CLIP) {
+        y = x < a ? a : x;
+        y = y > b ? b : y;
+    }
+    return y;
+}
+
 // The biases of output channels oc0 and oc0 + 1 (0 past cout or without a bias).
 __device__ __forceinline__ float2 nn_bias_pair(const float* __restrict__ bias, int oc0, int cout)
 {
@@ -1218,7 +1243,7 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                 float v[2];
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    v[j] = NT <= 2 ? vals[m][2 * r + j] : nn_activate(vals[m][2 * r + j], act, act_a, act_b);
+                    v[j] = NT <= 2 ? vals[m][2 * r + j] : nn_activate_lean(vals[m][2 * r + j], act, act_a, act_b);
                     if (y_round) // a folded output Transpose or Add after an fp16-stored stage
                         v[j] = half_bits_to_float(float_to_half_bits(v[j]));
                 }
@@ -1244,7 +1269,11 @@ __device__ __forceinline__ void nn_conv_mma_body(const NnConv* __restrict__ p)
                     const long long at = at0 + (long long)j * y_cs;
                     // a folded residual Add: this thread alone reads and writes `at`
                     const float sum = res ? v[j] + nn_load(res, at, res_half) : v[j];
-                    O::store(y, at, res_act ? nn_activate(sum, res_act, res_act_a, res_act_b) : sum);
+                    // (one and two tiles: the call's saved registers spilled; their code is small)
+                    const float out = !res_act ? sum
+                                      : NT <= 2 ? nn_activate(sum, res_act, res_act_a, res_act_b)
+                                                : nn_activate_lean(sum, res_act, res_act_a, res_act_b);
+                    O::store(y, at, out);
                 }
             }
         }
